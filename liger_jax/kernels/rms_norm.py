@@ -1,0 +1,111 @@
+"""RMSNorm kernels: y = x · rstd · (offset + scale), rstd = 1 / sqrt(mean(x²) + eps), over the last axis.
+
+The rows are the flattened leading axes of x; each row has ``n_cols`` elements and rows are ``row_stride``
+elements apart. Statistics are always accumulated in fp32.
+"""
+
+import triton
+import triton.language as tl
+
+# The CASTING constexpr; liger_jax.ops.rms_norm maps the casting_mode names onto these codes.
+CASTING_NONE = tl.constexpr(0)
+CASTING_LLAMA = tl.constexpr(1)
+CASTING_GEMMA = tl.constexpr(2)
+
+
+@triton.jit
+def _row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Offsets [BLOCK_ROWS, BLOCK_D] (int64: rows · D can pass 2^31) and the mask of in-bounds elements."""
+    rows = first_row + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    offsets = rows[:, None] * row_stride + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    return rows, offsets, mask
+
+
+@triton.jit
+def rms_norm_fwd(
+    x_ptr,  # [n_rows, n_cols] x.dtype
+    scale_ptr,  # [n_cols] scale.dtype
+    n_rows,
+    n_cols,
+    row_stride,
+    y_ptr,  # [n_rows, n_cols] x.dtype
+    rstd_ptr,  # [n_rows] fp32
+    eps: tl.constexpr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program normalises BLOCK_ROWS rows; it stores y and the fp32 rstd of each row."""
+    rows, offsets, mask = _row_tile(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride,
+                                    BLOCK_ROWS, BLOCK_D)
+    cols = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    x_f32 = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x_f32 * x_f32, axis=1) / n_cols + eps)
+    if CASTING == CASTING_LLAMA:
+        # Llama rounds the normalised x to the input dtype before the scale multiplies it.
+        normed = (x_f32 * rstd[:, None]).to(x.dtype).to(tl.float32)
+        y = normed * (offset + scale)[None, :]
+    elif CASTING == CASTING_GEMMA:
+        y = x_f32 * rstd[:, None] * (offset + scale)[None, :]
+    else:
+        # Every product rounded to the input dtype, as a model without casts computes it. The fp32 product of two
+        # bf16/fp16 values is exact, so rounding it equals the native product (the interpreter has no bf16 math).
+        rstd_in = rstd.to(x.dtype).to(tl.float32)
+        scale_in = (offset + scale).to(x.dtype).to(tl.float32)
+        y = (x_f32 * rstd_in[:, None]).to(x.dtype).to(tl.float32) * scale_in[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def rms_norm_bwd(
+    dy_ptr,  # [n_rows, n_cols] x.dtype
+    x_ptr,  # [n_rows, n_cols] x.dtype
+    scale_ptr,  # [n_cols] scale.dtype
+    rstd_ptr,  # [n_rows] fp32
+    n_rows,
+    n_cols,
+    row_stride,
+    dx_ptr,  # [n_rows, n_cols] x.dtype
+    dscale_partial_ptr,  # [num_programs, n_cols] fp32
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dx = rstd · (g - n · mean(g · n)) with n = x · rstd, g = dy · (offset + scale), row by row.
+
+    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes its
+    fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
+    dscale multiplies dy by n as the forward rounded it (that is what y's dependence on scale is); dx passes
+    straight through the roundings.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    col_mask = cols < n_cols
+    scale = offset + tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for tile in range(TILES_PER_PROGRAM):
+        first_row = (pid * TILES_PER_PROGRAM + tile) * BLOCK_ROWS
+        rows, offsets, mask = _row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        normed = x * rstd[:, None]
+        g = dy * scale[None, :]
+        mean_gn = tl.sum(g * normed, axis=1) / n_cols
+        dx = rstd[:, None] * (g - normed * mean_gn[:, None])
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if CASTING == CASTING_LLAMA:
+            normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
+        elif CASTING == CASTING_NONE:
+            rstd_in = rstd.to(x_ptr.dtype.element_ty).to(tl.float32)
+            normed = (x * rstd_in[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        dscale += tl.sum(dy * normed, axis=0)
+    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=col_mask)

@@ -1,0 +1,60 @@
+"""Launch heuristics for row-wise kernels, in one place: block shapes, warps and program counts."""
+
+import dataclasses
+import functools
+
+import jax
+
+# A row lives in one tile. 64K elements keeps a fp32 row in registers of a 16-warp program (128 per thread).
+MAX_FUSED_COLS = 65536
+# Rows shorter than this share a program, so each program still moves enough bytes to hide memory latency.
+TILE_ELEMENTS = 4096
+MAX_BLOCK_ROWS = 64
+# Programs per multiprocessor for kernels that reduce across rows: enough resident programs to keep HBM busy,
+# few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
+PROGRAMS_PER_SM = 4
+# The interpreter runs programs one after another; a handful exercises the partial-sum path without the wait.
+INTERPRETER_PROGRAMS = 3
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ≥ n (≥ 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTiling:
+    """How a [n_rows, n_cols] row-wise kernel is cut: BLOCK_ROWS × BLOCK_D tiles, ``num_warps`` each."""
+
+    block_rows: int
+    block_d: int
+    num_warps: int
+
+
+def row_tiling(n_cols: int) -> RowTiling:
+    """Tile shape and warps for rows of ``n_cols`` elements (n_cols ≤ MAX_FUSED_COLS)."""
+    block_d = next_power_of_2(n_cols)
+    block_rows = max(1, min(MAX_BLOCK_ROWS, TILE_ELEMENTS // block_d))
+    tile = block_rows * block_d
+    # About 16 elements per thread: 8 warps for a 4096-element tile, 16 from 8192 up.
+    num_warps = max(1, min(16, tile // 512))
+    return RowTiling(block_rows=block_rows, block_d=block_d, num_warps=num_warps)
+
+
+@functools.cache
+def _multiprocessor_count() -> int:
+    return int(getattr(jax.devices()[0], "core_count", 0) or 132)
+
+
+def reduction_grid(n_rows: int, block_rows: int, implementation: str) -> tuple[int, int]:
+    """``(programs, tiles_per_program)`` for a kernel whose programs each walk a contiguous run of row tiles and
+    emit one partial sum; every program has work, and together they cover all ``n_rows``."""
+    limit = INTERPRETER_PROGRAMS if implementation == "interpret" else PROGRAMS_PER_SM * _multiprocessor_count()
+    tiles = cdiv(n_rows, block_rows)
+    tiles_per_program = cdiv(tiles, max(1, min(tiles, limit)))
+    return cdiv(tiles, tiles_per_program), tiles_per_program

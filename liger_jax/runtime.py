@@ -1,0 +1,298 @@
+"""The one place that knows how a Triton kernel is launched from JAX.
+
+Three implementations share one switch:
+
+* ``"triton"``: the kernel is compiled and launched on the GPU through ``jax_triton.triton_call``.
+* ``"interpret"``: the same kernel is run by Triton's interpreter on host buffers inside
+  ``jax.pure_callback``, so it works on CPU and under ``jax.jit``. Triton builds interpreter kernels only when
+  ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
+* ``"xla"``: no kernel at all; each op falls back to its pure-JAX reference. :func:`launch` is never called.
+
+The default is ``$LIGER_JAX_IMPLEMENTATION`` when set, else ``"interpret"`` when ``TRITON_INTERPRET=1``, else
+``"triton"`` on a GPU backend with jax-triton installed, else ``"xla"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+Implementation = Literal["triton", "interpret", "xla"]
+IMPLEMENTATIONS: tuple[str, ...] = ("triton", "interpret", "xla")
+ENV_VAR = "LIGER_JAX_IMPLEMENTATION"
+
+
+def _interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def _jax_triton_error() -> str | None:
+    """Why jax-triton cannot be used here, or None when it can."""
+    try:
+        import jax_triton  # noqa: F401
+    except Exception as error:  # jax_triton raises more than ImportError without a GPU.
+        return f"jax-triton could not be imported ({type(error).__name__}: {error}); install liger-jax[gpu]"
+    return None
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
+def default_implementation() -> Implementation:
+    """The implementation used when an op is called with ``implementation=None``.
+
+    Returns:
+        ``$LIGER_JAX_IMPLEMENTATION`` when set; ``"interpret"`` when ``TRITON_INTERPRET=1``; ``"triton"`` on a GPU
+        backend where jax-triton imports; otherwise ``"xla"`` (with a warning on a GPU without jax-triton).
+    """
+    chosen = os.environ.get(ENV_VAR)
+    if chosen:
+        return _validate(chosen, f"${ENV_VAR}")
+    if _interpreter_enabled():
+        return "interpret"
+    if _on_gpu():
+        if _jax_triton_error() is None:
+            return "triton"
+        warnings.warn(f"liger_jax falls back to the XLA reference: {_jax_triton_error()}", stacklevel=3)
+    return "xla"
+
+
+def _validate(implementation: str, source: str) -> Implementation:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"{source} must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    return implementation  # type: ignore[return-value]
+
+
+def resolve_implementation(implementation: str | None) -> Implementation:
+    """Validates an op's ``implementation=`` argument, filling in the default.
+
+    Args:
+        implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for :func:`default_implementation`.
+
+    Returns:
+        The implementation to use.
+
+    Raises:
+        ValueError: an unknown name, or ``"triton"`` without a GPU backend or without jax-triton, or
+            ``"interpret"`` without ``TRITON_INTERPRET=1`` set before triton was imported.
+    """
+    chosen = default_implementation() if implementation is None else _validate(implementation, "implementation")
+    match chosen:
+        case "triton":
+            if not _on_gpu():
+                raise ValueError(
+                    f"implementation='triton' needs a GPU backend, but jax's backend is {jax.default_backend()!r}; "
+                    "use implementation='xla' (or 'interpret' with TRITON_INTERPRET=1) on this machine"
+                )
+            if _jax_triton_error() is not None:
+                raise ValueError(f"implementation='triton': {_jax_triton_error()}")
+        case "interpret":
+            if not _interpreter_enabled():
+                raise ValueError(
+                    "implementation='interpret' needs TRITON_INTERPRET=1 in the environment before triton is "
+                    "first imported (Triton decides at decoration time whether a kernel is interpreted)"
+                )
+    return chosen
+
+
+def launch(
+    kernel: Any,
+    *args: jax.Array | int,
+    out_shape: jax.ShapeDtypeStruct | Sequence[jax.ShapeDtypeStruct],
+    grid: tuple[int, ...],
+    implementation: Literal["triton", "interpret"],
+    num_warps: int = 4,
+    num_stages: int = 1,
+    input_output_aliases: Mapping[int, int] | None = None,
+    **constexprs: Any,
+) -> Any:
+    """Launches a ``@triton.jit`` kernel on JAX arrays.
+
+    The kernel's parameters are ``args`` in order (arrays become pointers, Python ints become scalars), then one
+    pointer per entry of ``out_shape``, then ``constexprs`` (the kernel's ``tl.constexpr`` parameters, passed by
+    keyword; float settings such as epsilon go here).
+
+    Args:
+        kernel: the ``@triton.jit`` function.
+        *args: input arrays and int scalars, in the kernel's parameter order.
+        out_shape: shape and dtype of each output; a single struct gives a single array back.
+        grid: the launch grid, up to three ints.
+        implementation: ``"triton"`` (GPU) or ``"interpret"`` (Triton's interpreter in a host callback).
+        num_warps: warps per program (GPU only).
+        num_stages: software-pipelining stages (GPU only).
+        input_output_aliases: ``{input_index: output_index}`` for inputs that are dead after the call, so the
+            output reuses their buffer (the input index counts only array arguments, as jax-triton does).
+        **constexprs: the kernel's constexpr parameters.
+
+    Returns:
+        One array, or a tuple of arrays matching ``out_shape``. Under ``"interpret"`` floating outputs start as NaN
+        (integer outputs as the dtype's max), so an element the kernel never writes shows up in tests.
+    """
+    for arg in args:
+        if isinstance(arg, float):
+            raise TypeError(f"launch passes float settings as keyword constexprs, got positional float {arg}")
+    grid = tuple(int(g) for g in grid)
+    if not 1 <= len(grid) <= 3 or min(grid) < 1:
+        raise ValueError(f"grid must be 1 to 3 positive ints, got {grid}")
+    aliases = dict(input_output_aliases or {})
+    single = isinstance(out_shape, jax.ShapeDtypeStruct)
+    out_shapes = (out_shape,) if single else tuple(out_shape)
+    match implementation:
+        case "triton":
+            outputs = _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs)
+        case "interpret":
+            outputs = _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs)
+        case _:
+            raise ValueError(f"launch runs 'triton' or 'interpret' kernels, got implementation={implementation!r}")
+    return outputs[0] if single else tuple(outputs)
+
+
+@functools.cache
+def _out_shape_keyword() -> str:
+    """jax-triton 0.3 names the output argument ``out_shape``; 0.4 renamed it ``out_type``."""
+    import jax_triton
+
+    parameters = inspect.signature(jax_triton.triton_call).parameters
+    return "out_shape" if "out_shape" in parameters else "out_type"
+
+
+def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs):
+    import jax_triton
+
+    outputs = jax_triton.triton_call(
+        *args,
+        kernel=kernel,
+        grid=grid,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        input_output_aliases=aliases,
+        **{_out_shape_keyword(): list(out_shapes)},
+        **constexprs,
+    )
+    return tuple(outputs)
+
+
+def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _round_bfloat16_to_nearest_even()
+    if not isinstance(kernel, InterpretedFunction):
+        raise ValueError(
+            f"kernel {getattr(kernel, '__name__', kernel)} was not built for the interpreter: set TRITON_INTERPRET=1 "
+            "before triton is first imported"
+        )
+    array_positions = [i for i, arg in enumerate(args) if not isinstance(arg, (int, np.integer))]
+    arrays = [args[i] for i in array_positions]
+
+    def run_on_host(*host_arrays):
+        outputs = [_poisoned(shape) for shape in out_shapes]
+        for input_index, output_index in aliases.items():
+            outputs[output_index][...] = host_arrays[input_index]
+        kernel_args = list(args)
+        for position, array in zip(array_positions, host_arrays, strict=True):
+            kernel_args[position] = _HostTensor(np.asarray(array))
+        for input_index, output_index in aliases.items():
+            kernel_args[array_positions[input_index]] = _HostTensor(outputs[output_index])
+        kernel[grid](*kernel_args, *(_HostTensor(out) for out in outputs), **constexprs)
+        return tuple(outputs)
+
+    result_shapes = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shapes)
+    return jax.pure_callback(run_on_host, result_shapes, *arrays)
+
+
+@functools.cache
+def _round_bfloat16_to_nearest_even() -> None:
+    """Makes the interpreter round fp32 → bf16 to nearest even, as the GPU does.
+
+    Triton 3.6's interpreter truncates that conversion (and its explicit round-to-nearest drops the carry), which
+    biases every bf16 result by up to one ulp towards zero. Its other conversions are numpy's and already round.
+    """
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    truncating_convert = interpreter._convert_float
+
+    def convert(values, input_dtype, output_dtype, rounding_mode):
+        if input_dtype != tl.float32 or output_dtype != tl.bfloat16:
+            return truncating_convert(values, input_dtype, output_dtype, rounding_mode)
+        bits = np.ascontiguousarray(values).view(np.uint32)
+        lowest_kept_bit = (bits >> 16) & 1
+        rounded = ((bits.astype(np.uint64) + 0x7FFF + lowest_kept_bit) >> 16).astype(np.uint16)
+        quiet_nan = ((bits >> 16) | 0x40).astype(np.uint16)
+        return np.where(np.isnan(values), quiet_nan, rounded)
+
+    interpreter._convert_float = convert
+
+
+def _poisoned(shape: jax.ShapeDtypeStruct) -> np.ndarray:
+    dtype = np.dtype(shape.dtype)
+    fill = np.nan if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else np.iinfo(dtype).max
+    return np.full(shape.shape, fill, dtype=dtype)
+
+
+class _TritonDtype:
+    """Stands in for a torch dtype: Triton reads ``str(dtype)`` and caches it by object identity."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+
+_TRITON_DTYPES = {
+    np.dtype(name): _TritonDtype(name)
+    for name in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+}
+
+
+class _HostTensor:
+    """The slice of the torch.Tensor interface Triton's interpreter uses, over a contiguous numpy array.
+
+    The interpreter copies "device" storage to the host and back; here the storage already is host memory, so
+    every copy is the identity and the kernel reads and writes the numpy buffer in place.
+    """
+
+    def __init__(self, array: np.ndarray):
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        self._array = array
+        self.dtype = _TRITON_DTYPES[array.dtype]
+
+    def data_ptr(self) -> int:
+        return self._array.ctypes.data
+
+    def untyped_storage(self) -> _HostTensor:
+        return self
+
+    def cpu(self) -> _HostTensor:
+        return self
+
+    def new_empty(self, *shape: Any, **kwargs: Any) -> _HostTensor:
+        return self
+
+    def set_(self, *args: Any) -> _HostTensor:
+        return self
+
+    def copy_(self, other: _HostTensor) -> _HostTensor:
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self) -> tuple[int, ...]:
+        return self._array.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self._array.itemsize for s in self._array.strides)
