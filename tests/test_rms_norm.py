@@ -54,9 +54,7 @@ def test_gradients_match_float64_reference(implementation, shape, dtype, casting
         return liger_jax.rms_norm(x, scale, offset=offset, casting_mode=casting_mode, implementation=implementation)
 
     def reference(x, scale):
-        return liger_jax.rms_norm_reference(
-            x, scale, offset=offset, casting_mode=casting_mode, rounding_dtype=dtype
-        )
+        return liger_jax.rms_norm_reference(x, scale, offset=offset, casting_mode=casting_mode, rounding_dtype=dtype)
 
     _, (dx, dscale) = harness.vjp_under_jit(op, (x, scale), cotangent)
     _, pullback = jax.vjp(reference, *harness.as_float64(x, scale))
@@ -103,9 +101,7 @@ def test_per_example_gradients_under_vmap(implementation):
         return liger_jax.rms_norm(x, scale, implementation=implementation)
 
     per_example = jax.jit(jax.vmap(jax.grad(loss(op), argnums=(0, 1))))(scales, x)
-    expected = jax.vmap(jax.grad(loss(liger_jax.rms_norm_reference), argnums=(0, 1)))(
-        *harness.as_float64(scales, x)
-    )
+    expected = jax.vmap(jax.grad(loss(liger_jax.rms_norm_reference), argnums=(0, 1)))(*harness.as_float64(scales, x))
     for got, want in zip(per_example, expected, strict=True):
         harness.assert_close(got, want, jnp.float32)
 
@@ -155,8 +151,11 @@ def test_bad_shapes_and_settings_raise_clear_errors(x, scale, kwargs, error, mat
 
 @pytest.mark.parametrize(
     ("x_dtype", "scale_dtype", "match"),
-    [(jnp.int32, jnp.float32, "x must have a float dtype"), (jnp.float32, jnp.int8, "scale must have a float dtype"),
-     (jnp.float64, jnp.float32, "x must have a float dtype")],
+    [
+        (jnp.int32, jnp.float32, "x must have a float dtype"),
+        (jnp.float32, jnp.int8, "scale must have a float dtype"),
+        (jnp.float64, jnp.float32, "x must have a float dtype"),
+    ],
 )
 def test_bad_dtypes_raise_type_errors(x_dtype, scale_dtype, match):
     with pytest.raises(TypeError, match=match):

@@ -39,8 +39,9 @@ def rms_norm_fwd(
     BLOCK_D: tl.constexpr,
 ):
     """One program normalises BLOCK_ROWS rows; it stores y and the fp32 rstd of each row."""
-    rows, offsets, mask = _row_tile(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride,
-                                    BLOCK_ROWS, BLOCK_D)
+    rows, offsets, mask = _row_tile(
+        tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
+    )
     cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
@@ -81,8 +82,8 @@ def rms_norm_bwd(
 ):
     """dx = rstd · (g - n · mean(g · n)) with n = x · rstd, g = dy · (offset + scale), row by row.
 
-    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes its
-    fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
+    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes
+    its fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
     dscale multiplies dy by n as the forward rounded it (that is what y's dependence on scale is); dx passes
     straight through the roundings.
     """

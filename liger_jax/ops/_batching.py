@@ -30,7 +30,9 @@ def vmap_over_rows(fn: Callable, row_argnums: Collection[int], reduces_rows: boo
         batched_positions = {i for i, batched in enumerate(in_batched) if batched}
         if not reduces_rows and batched_positions <= row_argnums:
             folded = [
-                arg if i in batched_positions or i not in row_argnums else jnp.broadcast_to(arg, (axis_size, *arg.shape))
+                arg
+                if i in batched_positions or i not in row_argnums
+                else jnp.broadcast_to(arg, (axis_size, *arg.shape))
                 for i, arg in enumerate(args)
             ]
             out = batched_fn(*folded)
