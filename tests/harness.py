@@ -28,11 +28,21 @@ def tolerance(dtype) -> dict[str, float]:
     return {"atol": atol, "rtol": rtol}
 
 
+def least_precise(*dtypes):
+    """The dtype with the largest machine epsilon: a result that passed through all of ``dtypes`` is this precise."""
+    return max((jnp.dtype(d) for d in dtypes if d is not None), key=lambda d: jnp.finfo(d).eps)
+
+
 def assert_close(actual, expected, dtype) -> None:
     """Asserts ``actual`` (any dtype) matches the float64 ``expected`` within ``dtype``'s tolerance."""
     np.testing.assert_allclose(
         np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64), **tolerance(dtype)
     )
+
+
+def assert_close_trees(actual, expected, dtype) -> None:
+    """:func:`assert_close` leaf by leaf over two pytrees of the same structure."""
+    jax.tree.map(lambda a, e: assert_close(a, e, dtype), actual, expected)
 
 
 def random_normal(seed: int, shape, dtype, scale: float = 1.0) -> jax.Array:

@@ -1,0 +1,129 @@
+"""The launch layer: implementation choice, clear errors, poisoned outputs, aliasing, bf16 rounding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+from liger_jax import runtime
+from tests import harness
+
+
+@triton.jit
+def _copy_first(x_ptr, n, y_ptr, BLOCK: tl.constexpr):
+    """Copies the first n elements of x into y and leaves the rest of y unwritten."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n), mask=offsets < n)
+
+
+@triton.jit
+def _scale_in_place(x_ptr, y_ptr, factor: tl.constexpr, BLOCK: tl.constexpr):
+    """y = factor * x in fp32, rounded to y's dtype (y may alias x)."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    value = tl.load(x_ptr + offsets).to(tl.float32) * factor
+    tl.store(y_ptr + offsets, value.to(y_ptr.dtype.element_ty))
+
+
+def _launch_copy(x, n):
+    return runtime.launch(
+        _copy_first,
+        x,
+        n,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(1,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        BLOCK=16,
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_unwritten_outputs_are_poisoned(dtype):
+    if harness.KERNEL_IMPLEMENTATION != "interpret":
+        pytest.skip("only the interpreter pre-fills outputs; GPU buffers are uninitialised")
+    x = harness.random_normal(0, (16,), dtype)
+    y = jax.jit(_launch_copy, static_argnums=1)(x, 10)
+    np.testing.assert_array_equal(np.asarray(y[:10], np.float32), np.asarray(x[:10], np.float32))
+    assert np.isnan(np.asarray(y[10:], np.float32)).all()
+
+
+def test_aliased_output_reuses_the_input_values():
+    x = harness.random_normal(1, (32,), jnp.float32)
+    y = runtime.launch(
+        _scale_in_place,
+        x,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(2,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        input_output_aliases={0: 0},
+        factor=3.0,
+        BLOCK=16,
+    )
+    np.testing.assert_allclose(y, 3.0 * np.asarray(x), rtol=1e-6)
+
+
+def test_bfloat16_stores_round_to_nearest_even():
+    # 1 + 2^-8 + 2^-9 lies above the midpoint of two bf16 neighbours; truncation would give 1.0.
+    x = jnp.asarray([1 + 2**-8 + 2**-9, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-9)] * 4, jnp.float32)
+    y = runtime.launch(
+        _scale_in_place,
+        x,
+        out_shape=jax.ShapeDtypeStruct(x.shape, jnp.bfloat16),
+        grid=(1,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        factor=1.0,
+        BLOCK=16,
+    )
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(x.astype(jnp.bfloat16), np.float32))
+
+
+def test_positional_floats_are_refused():
+    with pytest.raises(TypeError, match="constexpr"):
+        runtime.launch(
+            _scale_in_place,
+            jnp.ones(16),
+            2.0,
+            out_shape=jax.ShapeDtypeStruct((16,), jnp.float32),
+            grid=(1,),
+            implementation=harness.KERNEL_IMPLEMENTATION,
+        )
+
+
+def test_bad_grid_is_refused():
+    with pytest.raises(ValueError, match="grid"):
+        runtime.launch(
+            _copy_first,
+            jnp.ones(16),
+            16,
+            out_shape=jax.ShapeDtypeStruct((16,), jnp.float32),
+            grid=(0,),
+            implementation=harness.KERNEL_IMPLEMENTATION,
+            BLOCK=16,
+        )
+
+
+def test_unknown_implementation_names_the_argument():
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        runtime.resolve_implementation("cuda")
+
+
+def test_environment_variable_overrides_the_default(monkeypatch):
+    monkeypatch.setenv(runtime.ENV_VAR, "xla")
+    assert runtime.default_implementation() == "xla"
+    monkeypatch.setenv(runtime.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=runtime.ENV_VAR):
+        runtime.default_implementation()
+
+
+def test_triton_without_a_gpu_says_so():
+    if jax.default_backend() == "gpu":
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="needs a GPU backend"):
+        runtime.resolve_implementation("triton")
+
+
+def test_interpret_without_the_interpreter_flag_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        runtime.resolve_implementation("interpret")
