@@ -3,8 +3,9 @@
 Three implementations share one switch:
 
 * ``"triton"``: the kernel is compiled and launched on the GPU through ``jax_triton.triton_call``.
-* ``"interpret"``: the same kernel is run by Triton's interpreter on host buffers inside
-  ``jax.pure_callback``, so it works on CPU and under ``jax.jit``. Triton builds interpreter kernels only when
+* ``"interpret"``: the same kernel is run by Triton's interpreter on host buffers inside a host custom call
+  (:mod:`liger_jax._host_call`, which works where ``jax.pure_callback`` cannot: in the per-shard programs of a
+  partitioned op), so it works on CPU, under ``jax.jit`` and sharded. Triton builds interpreter kernels only when
   ``TRITON_INTERPRET=1`` is set before ``triton`` is first imported.
 * ``"xla"``: no kernel at all; each op falls back to its pure-JAX reference. :func:`launch` is never called.
 
@@ -23,6 +24,8 @@ from typing import Any, Literal
 
 import jax
 import numpy as np
+
+from liger_jax import _host_call, _manual_axes
 
 Implementation = Literal["triton", "interpret", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("triton", "interpret", "xla")
@@ -146,6 +149,9 @@ def launch(
     aliases = dict(input_output_aliases or {})
     single = isinstance(out_shape, jax.ShapeDtypeStruct)
     out_shapes = (out_shape,) if single else tuple(out_shape)
+    # Inside shard_map: operands and results vary over the same manual axes (see liger_jax._manual_axes).
+    varying = _manual_axes.union_of([arg for arg in args if isinstance(arg, jax.Array)])
+    args = tuple(_manual_axes.cast_to_varying(arg, varying) if isinstance(arg, jax.Array) else arg for arg in args)
     match implementation:
         case "triton":
             outputs = _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs)
@@ -153,6 +159,7 @@ def launch(
             outputs = _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs)
         case _:
             raise ValueError(f"launch runs 'triton' or 'interpret' kernels, got implementation={implementation!r}")
+    outputs = [_manual_axes.cast_to_varying(output, varying) for output in outputs]
     return outputs[0] if single else tuple(outputs)
 
 
@@ -192,6 +199,7 @@ def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
         )
     array_positions = [i for i, arg in enumerate(args) if not isinstance(arg, (int, np.integer))]
     arrays = [args[i] for i in array_positions]
+    args = [None if i in array_positions else arg for i, arg in enumerate(args)]  # the host keeps no tracers
 
     def run_on_host(*host_arrays):
         outputs = [_poisoned(shape) for shape in out_shapes]
@@ -206,7 +214,7 @@ def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
         return tuple(outputs)
 
     result_shapes = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shapes)
-    return jax.pure_callback(run_on_host, result_shapes, *arrays)
+    return _host_call.host_call(run_on_host, result_shapes, *arrays)
 
 
 @functools.cache

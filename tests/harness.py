@@ -12,6 +12,14 @@ KERNEL_IMPLEMENTATION = runtime.default_implementation() if runtime.default_impl
 IMPLEMENTATIONS = (KERNEL_IMPLEMENTATION, "xla")
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# (x dtype, param dtype, module dtype) for Flax drop-in tests: flax promotes these three into the output dtype.
+FLAX_DTYPE_CASES = [
+    (jnp.float32, jnp.float32, None),
+    (jnp.bfloat16, jnp.float32, None),
+    (jnp.bfloat16, jnp.bfloat16, None),
+    (jnp.float32, jnp.float32, jnp.bfloat16),
+    (jnp.float16, jnp.float32, jnp.float16),
+]
 
 # (atol, rtol) against a float64 oracle. fp32: accumulation over a few thousand terms stays well inside 1e-5.
 # bf16 (eps 2^-7) and fp16 (eps 2^-10): about one eps, two roundings of an O(1) value.
@@ -46,8 +54,12 @@ def assert_close_trees(actual, expected, dtype) -> None:
 
 
 def random_normal(seed: int, shape, dtype, scale: float = 1.0) -> jax.Array:
-    """Standard-normal draws (times ``scale``) rounded to ``dtype``; every test draws its own seed."""
-    return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float64)).astype(dtype)
+    """Standard-normal draws (times ``scale``) rounded to ``dtype``; every test draws its own seed.
+
+    Drawn by numpy: ``jax.random`` compiles a program per shape (~0.3 s each on the 2-core CI machine).
+    """
+    draws = scale * np.random.default_rng(seed).standard_normal(shape)
+    return jnp.asarray(draws, jnp.float64).astype(dtype)
 
 
 def as_float64(*arrays):
@@ -64,3 +76,36 @@ def vjp_under_jit(fn, primals, cotangent):
         return out, pullback(cotangent)
 
     return run(tuple(primals), cotangent)
+
+
+def assert_vjp_matches_reference(op, reference, primals, cotangent, dtype) -> None:
+    """Asserts ``op``'s outputs and gradients (under jit, pulled back with ``cotangent``) match ``reference``'s at
+    the float64 copies of ``primals``, within ``dtype``'s tolerance, and that each gradient has its primal's dtype.
+    """
+    out, grads = vjp_under_jit(op, primals, cotangent)
+    expected_out, pullback = jax.vjp(reference, *as_float64(*primals))
+    expected_grads = pullback(jax.tree.map(lambda c: jnp.asarray(c, jnp.float64), cotangent))
+    assert [g.dtype for g in grads] == [p.dtype for p in primals], "each gradient must have its primal's dtype"
+    assert_close_trees(out, expected_out, dtype)
+    assert_close_trees(grads, expected_grads, dtype)
+
+
+def assert_checkpoint_gives_the_same_gradients(loss, primals) -> None:
+    """Asserts ``jax.checkpoint(loss)`` (kernels re-run in the backward pass) has ``loss``'s gradients, up to
+    XLA fusing the surrounding fp32 arithmetic differently."""
+    argnums = tuple(range(len(primals)))
+    plain = jax.jit(jax.grad(loss, argnums=argnums))(*primals)
+    remat = jax.jit(jax.grad(jax.checkpoint(loss), argnums=argnums))(*primals)
+    jax.tree.map(lambda r, p: np.testing.assert_allclose(r, p, atol=1e-6, rtol=1e-6), remat, plain)
+
+
+def assert_bitwise_deterministic(fn, *args) -> None:
+    """Asserts two runs of ``jax.jit(fn)`` give bitwise equal results (no atomics in the reductions)."""
+    first, second = jax.jit(fn)(*args), jax.jit(fn)(*args)
+    np.testing.assert_equal(jax.tree.map(np.asarray, second), jax.tree.map(np.asarray, first))
+
+
+def assert_all_finite(*trees) -> None:
+    """Asserts every element is finite: outputs start as NaN under the interpreter, so unwritten ones show."""
+    for leaf in jax.tree.leaves(trees):
+        assert np.isfinite(np.asarray(leaf, dtype=np.float64)).all()

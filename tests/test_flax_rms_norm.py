@@ -12,14 +12,7 @@ from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
 from tests import harness
 
-# (x dtype, param dtype, module dtype): flax promotes these three into the output dtype.
-DTYPE_CASES = [
-    (jnp.float32, jnp.float32, None),
-    (jnp.bfloat16, jnp.float32, None),
-    (jnp.bfloat16, jnp.bfloat16, None),
-    (jnp.float32, jnp.float32, jnp.bfloat16),
-    (jnp.float16, jnp.float32, jnp.float16),
-]
+DTYPE_CASES = harness.FLAX_DTYPE_CASES
 
 
 def _nnx_pair(features, implementation, **options):

@@ -18,3 +18,22 @@ def check_unset(module: str, **options) -> None:
     for argument, value in options.items():
         if value is not None:
             raise ValueError(f"{module}: {argument}={value!r} is not supported by the liger_jax kernel")
+
+
+def check_normalization(module: str, layer, ndim: int, mask) -> None:
+    """Raises ValueError for a flax normalisation layer's options that the row kernels do not compute.
+
+    Those are statistics over an axis other than the last (``reduction_axes``, ``feature_axes``), across devices
+    (``axis_name``, ``axis_index_groups``), under a ``mask``, and linen's ``force_float32_reductions=False``.
+
+    Args:
+        module: the layer's class name, for the message.
+        layer: the nnx or linen layer; its flax options are read from it.
+        ndim: the rank of the input.
+        mask: the ``mask`` argument of the call.
+    """
+    check_unset(module, mask=mask, axis_name=layer.axis_name, axis_index_groups=layer.axis_index_groups)
+    check_last_axis(module, "reduction_axes", layer.reduction_axes, ndim)
+    check_last_axis(module, "feature_axes", layer.feature_axes, ndim)
+    if not getattr(layer, "force_float32_reductions", True):
+        raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")

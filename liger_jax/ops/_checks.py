@@ -28,6 +28,12 @@ def check_shape(name: str, array: jax.Array, expected: Sequence[int], meaning: s
         raise ValueError(f"{name} must have shape {tuple(expected)} ({meaning}), got {tuple(array.shape)}")
 
 
+def check_dtype(name: str, array: jax.Array, expected, meaning: str) -> None:
+    """Raises TypeError unless ``array.dtype == expected``; ``meaning`` says where the expectation comes from."""
+    if array.dtype != expected:
+        raise TypeError(f"{name} must have dtype {jnp.dtype(expected).name} ({meaning}), got {array.dtype}")
+
+
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     """Raises ValueError unless ``value`` is one of ``choices``."""
     if value not in choices:

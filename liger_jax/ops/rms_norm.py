@@ -8,7 +8,8 @@ import jax.numpy as jnp
 
 from liger_jax import runtime
 from liger_jax.ops import _checks, _tiling
-from liger_jax.ops._batching import vmap_over_rows
+from liger_jax.ops._numerics import rounded
+from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 
 CastingMode = Literal["llama", "gemma", "none"]
 _CASTING_CODES = {"none": 0, "llama": 1, "gemma": 2}
@@ -98,20 +99,14 @@ def rms_norm_reference(
     weight = (offset + scale.astype(compute)).reshape((1,) * (x.ndim - 1) + scale.shape)
     match casting_mode:
         case "llama":
-            y = _rounded(x_c * rstd, rounding_dtype) * weight
+            y = rounded(x_c * rstd, rounding_dtype) * weight
         case "gemma":
             y = x_c * rstd * weight
         case "none":
-            y = _rounded(x_c * _rounded(rstd, rounding_dtype), rounding_dtype) * _rounded(weight, rounding_dtype)
+            y = rounded(x_c * rounded(rstd, rounding_dtype), rounding_dtype) * rounded(weight, rounding_dtype)
         case _:
             raise ValueError(f"casting_mode must be one of {tuple(_CASTING_CODES)}, got {casting_mode!r}")
-    return _rounded(y, rounding_dtype).astype(x.dtype)
-
-
-def _rounded(value: jax.Array, dtype) -> jax.Array:
-    """``value`` rounded to ``dtype`` and back; the gradient passes straight through the rounding."""
-    rounding_error = value.astype(dtype).astype(value.dtype) - value
-    return value + jax.lax.stop_gradient(rounding_error)
+    return rounded(y, rounding_dtype).astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
@@ -129,80 +124,36 @@ def _rms_norm_bwd(epsilon, offset, casting_mode, implementation, residuals, dy):
     del epsilon
     x, scale, rstd = residuals
     dx, dscale = _backward_launcher(offset, casting_mode, implementation)(dy, x, scale, rstd)
-    return dx, dscale
+    return dx, dscale.astype(scale.dtype)
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
-@functools.cache
 def _forward_launcher(epsilon, offset, casting_mode, implementation):
     """``(x [..., D], scale [D]) -> (y [..., D] x.dtype, rstd [...] fp32)`` through the kernel, vmap-able."""
     from liger_jax.kernels import rms_norm as kernels
 
-    def forward(x, scale):
-        n_cols = x.shape[-1]
-        rows = x.reshape(-1, n_cols)
-        n_rows = rows.shape[0]
-        tiling = _tiling.row_tiling(n_cols)
-        y, rstd = runtime.launch(
-            kernels.rms_norm_fwd,
-            rows,
-            scale,
-            n_rows,
-            n_cols,
-            n_cols,
-            out_shape=(
-                jax.ShapeDtypeStruct(rows.shape, x.dtype),
-                jax.ShapeDtypeStruct((n_rows,), jnp.float32),
-            ),
-            grid=(_tiling.cdiv(n_rows, tiling.block_rows),),
-            implementation=implementation,
-            num_warps=tiling.num_warps,
-            eps=epsilon,
-            offset=offset,
-            CASTING=_CASTING_CODES[casting_mode],
-            BLOCK_ROWS=tiling.block_rows,
-            BLOCK_D=tiling.block_d,
-        )
-        return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
-
-    return vmap_over_rows(forward, row_argnums=(0,), reduces_rows=False)
+    return row_launcher(
+        kernels.rms_norm_fwd,
+        (Rows(), RowStats()),
+        row_argnums=(0,),
+        implementation=implementation,
+        eps=epsilon,
+        offset=offset,
+        CASTING=_CASTING_CODES[casting_mode],
+    )
 
 
-@functools.cache
 def _backward_launcher(offset, casting_mode, implementation):
-    """``(dy, x, scale, rstd) -> (dx [..., D] x.dtype, dscale [D] scale.dtype)`` through the kernel, vmap-able."""
+    """``(dy, x, scale, rstd) -> (dx [..., D] x.dtype, dscale [D] fp32)`` through the kernel, vmap-able."""
     from liger_jax.kernels import rms_norm as kernels
 
-    def backward(dy, x, scale, rstd):
-        n_cols = x.shape[-1]
-        rows = x.reshape(-1, n_cols)
-        n_rows = rows.shape[0]
-        tiling = _tiling.row_tiling(n_cols)
-        programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling.block_rows, implementation)
-        dx, dscale_partials = runtime.launch(
-            kernels.rms_norm_bwd,
-            dy.reshape(rows.shape),
-            rows,
-            scale,
-            rstd.reshape(n_rows),
-            n_rows,
-            n_cols,
-            n_cols,
-            out_shape=(
-                jax.ShapeDtypeStruct(rows.shape, x.dtype),
-                jax.ShapeDtypeStruct((programs, n_cols), jnp.float32),
-            ),
-            grid=(programs,),
-            implementation=implementation,
-            num_warps=tiling.num_warps,
-            offset=offset,
-            CASTING=_CASTING_CODES[casting_mode],
-            TILES_PER_PROGRAM=tiles_per_program,
-            BLOCK_ROWS=tiling.block_rows,
-            BLOCK_D=tiling.block_d,
-        )
-        return dx.reshape(x.shape), dscale_partials.sum(axis=0).astype(scale.dtype)
-
-    return vmap_over_rows(backward, row_argnums=(0, 1, 3), reduces_rows=True)
+    return row_launcher(
+        kernels.rms_norm_bwd,
+        (Rows(), ColumnSum()),
+        row_argnums=(0, 1, 3),
+        implementation=implementation,
+        offset=offset,
+        CASTING=_CASTING_CODES[casting_mode],
+    )

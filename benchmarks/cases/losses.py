@@ -1,0 +1,143 @@
+"""The loss head: cross-entropy over (tokens, vocab) logits, and the fused linear cross-entropy from hidden states.
+
+The ``xla`` baseline is what JAX users write today: ``logits = x @ W`` (FLCE), then
+``optax.softmax_cross_entropy_with_integer_labels`` on the logits upcast to fp32 (liger_jax's softmax math is fp32
+too), mean over rows. For FLCE, ``liger_jax_xla`` is liger_jax's own chunked pure-JAX path.
+"""
+
+from __future__ import annotations
+
+from benchmarks import draws
+from benchmarks.case import Case, Op, TorchProgram, itemsize
+from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA, kernel_provider, xla_provider
+
+HIDDEN = 4096  # Llama-3-8B
+VOCAB = 128256
+TOKENS = 8192
+
+
+def _optax_loss(logits, labels):
+    import jax.numpy as jnp
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+
+
+def _naive_linear_loss(x, weight, labels):
+    return _optax_loss(x @ weight, labels)
+
+
+def cross_entropy_case(params, dtype: str) -> Case:
+    """``cross_entropy(logits, labels)``, mean.
+
+    Forward reads the logits; backward reads them and writes dlogits. ``full`` counts one read and one write: the
+    gradient is known up to the loss's scalar cotangent once the forward has run, so no implementation must read
+    the logits twice.
+    """
+    rows, vocab = params["tokens"], params["vocab"]
+
+    def make_inputs(key):
+        kx, kl = draws.keys(key, 2)
+        return draws.normal(kx, (rows, vocab), dtype, 2.0), draws.labels(kl, rows, vocab)
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_cross_entropy
+
+        return TorchProgram(
+            liger_cross_entropy,
+            lambda: (draws.torch_normal((rows, vocab), dtype, 2.0), draws.torch_labels(rows, vocab)),
+            (0,),
+        )
+
+    logits = rows * vocab * itemsize(dtype)
+    labels = 4 * rows
+    return Case(
+        "cross_entropy",
+        params,
+        dtype,
+        make_inputs,
+        (0,),
+        {LIGER_JAX: kernel_provider("cross_entropy"), XLA: _optax_loss},
+        {"forward": logits + labels, "backward": 2 * logits + labels, "full": 2 * logits + labels},
+        {"forward": 0.0, "backward": 0.0, "full": 0.0},
+        torch_program,
+    )
+
+
+def fused_linear_cross_entropy_case(params, dtype: str) -> Case:
+    """``fused_linear_cross_entropy(x, weight, labels)`` with weight (H, V), mean; gradients for x and weight.
+
+    Matmul-bound: 2·N·H·V flops forward, 4·N·H·V backward (dx and dweight). Bytes: x and the weight read, dx and
+    dweight written.
+    """
+    rows, hidden, vocab = params["tokens"], params["hidden"], params["vocab"]
+
+    def make_inputs(key):
+        kx, kw, kl = draws.keys(key, 3)
+        x = draws.normal(kx, (rows, hidden), dtype)
+        weight = draws.normal(kw, (hidden, vocab), dtype, hidden**-0.5)
+        return x, weight, draws.labels(kl, rows, vocab)
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        # Liger takes the weight as (V, H), the layout of torch's nn.Linear and of a tied embedding.
+        return TorchProgram(
+            liger_fused_linear_cross_entropy,
+            lambda: (
+                draws.torch_normal((rows, hidden), dtype),
+                draws.torch_normal((vocab, hidden), dtype, hidden**-0.5),
+                draws.torch_labels(rows, vocab),
+            ),
+            (0, 1),
+        )
+
+    size = itemsize(dtype)
+    x, weight, labels = rows * hidden * size, hidden * vocab * size, 4 * rows
+    matmul = 2 * rows * hidden * vocab
+    name = "fused_linear_cross_entropy"
+    return Case(
+        name,
+        params,
+        dtype,
+        make_inputs,
+        (0, 1),
+        {
+            LIGER_JAX: kernel_provider(name, weight_layout="hv"),
+            XLA: _naive_linear_loss,
+            LIGER_JAX_XLA: xla_provider(name, weight_layout="hv"),
+        },
+        {"forward": x + weight + labels, "backward": 2 * (x + weight) + labels, "full": 2 * (x + weight) + labels},
+        {"forward": matmul, "backward": 2 * matmul, "full": 3 * matmul},
+        torch_program,
+    )
+
+
+OPS = [
+    Op(
+        "cross_entropy",
+        cross_entropy_case,
+        [({"tokens": TOKENS, "vocab": VOCAB}, "bfloat16")],
+        {
+            "tokens": ("tokens", [{"tokens": n, "vocab": VOCAB} for n in (2048, 8192, 32768)]),
+            "vocab": ("vocab", [{"tokens": TOKENS, "vocab": v} for v in (32000, 65536, 128256, 256000)]),
+        },
+        [({"tokens": 37, "vocab": 300}, "float32"), ({"tokens": 64, "vocab": 512}, "bfloat16")],
+    ),
+    Op(
+        "fused_linear_cross_entropy",
+        fused_linear_cross_entropy_case,
+        [
+            ({"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB}, "bfloat16"),
+            ({"tokens": 32768, "hidden": HIDDEN, "vocab": 256000}, "bfloat16"),
+        ],
+        {
+            "tokens": ("tokens", [{"tokens": n, "hidden": HIDDEN, "vocab": VOCAB} for n in (2048, 8192, 32768)]),
+            "vocab": ("vocab", [{"tokens": TOKENS, "hidden": HIDDEN, "vocab": v} for v in (32000, 128256, 256000)]),
+        },
+        [
+            ({"tokens": 37, "hidden": 32, "vocab": 300}, "float32"),
+            ({"tokens": 64, "hidden": 64, "vocab": 512}, "bfloat16"),
+        ],
+    ),
+]

@@ -1,0 +1,152 @@
+"""Row-wise normalisations: RMSNorm, LayerNorm, fused add+RMSNorm over (tokens, hidden) activations."""
+
+from __future__ import annotations
+
+from benchmarks import draws
+from benchmarks.case import Case, Op, TorchProgram, itemsize
+from benchmarks.providers import LIGER_JAX, XLA, kernel_provider, xla_provider
+
+HIDDEN = 4096  # Llama-3-8B
+TOKENS = 16384  # a 4 × 4096-token batch
+SWEEPS = {
+    "tokens": ("tokens", [{"tokens": n, "hidden": HIDDEN} for n in (2048, 8192, 16384, 65536)]),
+    "hidden": ("hidden", [{"tokens": TOKENS, "hidden": d} for d in (1024, 2048, 4096, 8192, 16384)]),
+}
+SMOKE = [({"tokens": 37, "hidden": 96}, "float32"), ({"tokens": 64, "hidden": 128}, "bfloat16")]
+
+
+def _bytes(params, dtype, *, forward_passes: int, backward_passes: int, n_params: int) -> dict[str, float]:
+    """Fewest HBM bytes: ``passes`` full reads or writes of the activations, plus the (D,) params and grads."""
+    rows, cols, size = params["tokens"], params["hidden"], itemsize(dtype)
+    activations, weights = rows * cols * size, n_params * cols * size
+    forward = forward_passes * activations + weights
+    backward = backward_passes * activations + 2 * weights
+    return {"forward": forward, "backward": backward, "full": forward + backward}
+
+
+def _no_flops() -> dict[str, float]:
+    return {"forward": 0.0, "backward": 0.0, "full": 0.0}
+
+
+def rms_norm_case(params, dtype: str) -> Case:
+    """``rms_norm(x, scale)``: forward reads x, writes y; backward reads dy and x, writes dx (3 passes)."""
+    rows, cols = params["tokens"], params["hidden"]
+
+    def make_inputs(key):
+        kx, ks = draws.keys(key, 2)
+        return draws.normal(kx, (rows, cols), dtype), draws.normal(ks, (cols,), dtype, 0.1, 1.0)
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_rms_norm
+
+        return TorchProgram(
+            lambda x, w: liger_rms_norm(x, w, 1e-6),
+            lambda: (draws.torch_normal((rows, cols), dtype), draws.torch_normal((cols,), dtype, 0.1, 1.0)),
+            (0, 1),
+        )
+
+    return Case(
+        "rms_norm",
+        params,
+        dtype,
+        make_inputs,
+        (0, 1),
+        {LIGER_JAX: kernel_provider("rms_norm"), XLA: xla_provider("rms_norm")},
+        _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=1),
+        _no_flops(),
+        torch_program,
+    )
+
+
+def layer_norm_case(params, dtype: str) -> Case:
+    """``layer_norm(x, scale, bias)``: the same passes as RMSNorm, two (D,) params."""
+    rows, cols = params["tokens"], params["hidden"]
+
+    def make_inputs(key):
+        kx, ks, kb = draws.keys(key, 3)
+        x = draws.normal(kx, (rows, cols), dtype)
+        return x, draws.normal(ks, (cols,), dtype, 0.1, 1.0), draws.normal(kb, (cols,), dtype, 0.1)
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_layer_norm
+
+        return TorchProgram(
+            lambda x, w, b: liger_layer_norm(x, w, b, 1e-5),
+            lambda: (
+                draws.torch_normal((rows, cols), dtype),
+                draws.torch_normal((cols,), dtype, 0.1, 1.0),
+                draws.torch_normal((cols,), dtype, 0.1),
+            ),
+            (0, 1, 2),
+        )
+
+    return Case(
+        "layer_norm",
+        params,
+        dtype,
+        make_inputs,
+        (0, 1, 2),
+        {LIGER_JAX: kernel_provider("layer_norm"), XLA: xla_provider("layer_norm")},
+        _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=2),
+        _no_flops(),
+        torch_program,
+    )
+
+
+def fused_add_rms_norm_case(params, dtype: str) -> Case:
+    """``fused_add_rms_norm(x, residual, scale) -> (normed, sum)``.
+
+    Forward reads x and residual, writes normed and sum (4 passes); backward reads both cotangents and the saved
+    sum and writes one gradient, which dx and dresidual share (4 passes).
+    """
+    rows, cols = params["tokens"], params["hidden"]
+
+    def make_inputs(key):
+        kx, kr, ks = draws.keys(key, 3)
+        x, residual = draws.normal(kx, (rows, cols), dtype), draws.normal(kr, (rows, cols), dtype)
+        return x, residual, draws.normal(ks, (cols,), dtype, 0.1, 1.0)
+
+    def torch_program():
+        import torch
+        from liger_kernel.transformers import LigerFusedAddRMSNorm
+
+        module = LigerFusedAddRMSNorm(cols, eps=1e-6).to(device="cuda", dtype=getattr(torch, dtype))
+        return TorchProgram(
+            lambda x, r, w: torch.func.functional_call(module, {"weight": w}, (x, r)),
+            lambda: (
+                draws.torch_normal((rows, cols), dtype),
+                draws.torch_normal((rows, cols), dtype),
+                draws.torch_normal((cols,), dtype, 0.1, 1.0),
+            ),
+            (0, 1, 2),
+        )
+
+    return Case(
+        "fused_add_rms_norm",
+        params,
+        dtype,
+        make_inputs,
+        (0, 1, 2),
+        {LIGER_JAX: kernel_provider("fused_add_rms_norm"), XLA: xla_provider("fused_add_rms_norm")},
+        _bytes(params, dtype, forward_passes=4, backward_passes=4, n_params=1),
+        _no_flops(),
+        torch_program,
+    )
+
+
+OPS = [
+    Op(
+        "rms_norm",
+        rms_norm_case,
+        targets=[
+            ({"tokens": 16384, "hidden": 4096}, "bfloat16"),
+            ({"tokens": 16384, "hidden": 4096}, "float32"),
+            ({"tokens": 4096, "hidden": 8192}, "bfloat16"),
+            ({"tokens": 65536, "hidden": 1024}, "bfloat16"),
+        ],
+        sweeps=SWEEPS,
+        smoke=SMOKE,
+    ),
+    Op("layer_norm", layer_norm_case, [({"tokens": 16384, "hidden": 4096}, "bfloat16")], SWEEPS, SMOKE),
+    Op("fused_add_rms_norm", fused_add_rms_norm_case, [({"tokens": 16384, "hidden": 4096}, "bfloat16")], SWEEPS, SMOKE),
+]

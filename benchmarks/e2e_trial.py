@@ -1,0 +1,229 @@
+"""One end-to-end trial, in its own process: a Llama training step with or without liger, timed or sized.
+
+``python -m benchmarks.e2e_trial run --provider liger_jax --batch 8 --max-batch 40`` compiles the jitted optimizer
+step (AdamW, donated state), runs warm-up and timed steps and prints a JSON row: tokens/s, step time, peak device
+bytes (this fresh process's, so far), compiled temp bytes, the last loss; then the same at ``--max-batch``, from
+the trained state (one batch less after an out-of-memory, whose row says ``oom``).
+
+``python -m benchmarks.e2e_trial probe --provider xla --batch 8`` finds, without running anything, the largest
+batch whose compiled footprint (arguments + outputs − donated + temporaries) fits in ``FIT`` of the device's
+memory limit: it compiles two batches, fits the footprint's line in the batch, and checks the predicted batch
+fits and one more does not. It holds no arrays and runs nothing on the GPU (autotuning is off for it), so it can
+run beside a timed trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+FIT = 0.95  # of the allocator's limit: room for fragmentation and the workspaces outside XLA's buffer plan
+PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")}  # (compute, params) dtypes
+
+
+class Trial:
+    """The model, optimizer and jitted step for one (provider, config, seq, precision, attention)."""
+
+    def __init__(self, provider: str, config: str, seq: int, precision: str, attention: str | None):
+        import jax
+        from flax import nnx
+
+        from benchmarks.providers import LIGER_JAX, kernel_implementation
+        from liger_jax.flax_layers import apply_liger
+        from liger_jax.models import LlamaForCausalLM, llama_config
+        from liger_jax.models.training import adamw_cosine, init_train_state, make_train_step
+
+        compute, params = PRECISIONS[precision]
+        self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention)
+        self.seq = seq
+        self.optimizer = adamw_cosine(3e-4, 1000, warmup_steps=10)
+        graphdefs = []
+
+        def build():
+            model = LlamaForCausalLM(self.config, rngs=nnx.Rngs(0))
+            if provider == LIGER_JAX:
+                apply_liger(model, implementation=kernel_implementation())
+            graphdef, state = init_train_state(model, self.optimizer)
+            graphdefs.append(graphdef)
+            return state
+
+        self.build = jax.jit(build)
+        self.abstract_state = jax.eval_shape(build)
+        self.step = make_train_step(graphdefs[0], self.optimizer)
+
+    def batch_specs(self, batch: int):
+        """Abstract ``(tokens, labels)`` for ``batch`` sequences."""
+        import jax
+        import jax.numpy as jnp
+
+        spec = jax.ShapeDtypeStruct((batch, self.seq), jnp.int32)
+        return spec, spec
+
+    def compile(self, batch: int):
+        """The step compiled for ``batch`` sequences, from abstract inputs (nothing is allocated)."""
+        return self.step.lower(self.abstract_state, *self.batch_specs(batch)).compile()
+
+    def footprint(self, batch: int) -> int:
+        """Device bytes the compiled step needs at ``batch``: arguments + outputs − donated + temporaries."""
+        from benchmarks.memory import compiled_memory
+
+        m = compiled_memory(self.compile(batch))
+        return m["arg_bytes"] + m["out_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+
+
+def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[dict[str, Any], Any]:
+    """Compiles the step for ``batch``, runs ``warmup`` + ``steps`` steps on ``state`` (built if None).
+
+    Returns:
+        ``(row, state)``: what was measured, and the trained state (the input state was donated).
+    """
+    import jax
+
+    from benchmarks.memory import compiled_memory, jax_memory_stats
+
+    start = time.perf_counter()
+    compiled = trial.compile(batch)
+    row = {"compile_s": time.perf_counter() - start, **compiled_memory(compiled)}
+    row["compile_peak_bytes"] = jax_memory_stats().get("peak_bytes_in_use")
+    state = trial.build() if state is None else state
+    key_tokens, key_labels = jax.random.split(jax.random.key(batch))
+    vocab = trial.config.vocab_size
+    tokens = jax.random.randint(key_tokens, (batch, trial.seq), 0, vocab, dtype="int32")
+    labels = jax.random.randint(key_labels, (batch, trial.seq), 0, vocab, dtype="int32")
+    for _ in range(warmup):
+        state, loss = compiled(state, tokens, labels)
+    jax.block_until_ready((state, loss))
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, loss = compiled(state, tokens, labels)
+    jax.block_until_ready((state, loss))
+    elapsed = time.perf_counter() - start
+    loss = float(loss)
+    row |= {
+        "tokens_per_s": batch * trial.seq * steps / elapsed,
+        "step_ms": 1e3 * elapsed / steps,
+        "peak_bytes": jax_memory_stats().get("peak_bytes_in_use"),
+        "loss": loss,
+        "status": "ok" if math.isfinite(loss) else f"error: loss is {loss}",
+    }
+    return row, state
+
+
+def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str, Any]:
+    """The largest batch whose footprint fits in ``FIT`` × the memory limit, and the footprints it compiled.
+
+    ``capacity_from_batch`` pretends the device holds exactly that batch (CPU smoke runs, which have no limit).
+    """
+    from benchmarks.memory import jax_memory_stats
+
+    sizes: dict[int, int] = {}
+
+    def size(batch: int) -> int:
+        if batch not in sizes:
+            sizes[batch] = trial.footprint(batch)
+        return sizes[batch]
+
+    if capacity_from_batch is None:
+        budget = FIT * jax_memory_stats()["bytes_limit"]
+    else:
+        budget = size(capacity_from_batch)
+    slope = max((size(2 * start) - size(start)) / start, 1.0)
+    batch = max(1, start + math.floor((budget - size(start)) / slope))
+    for _ in range(3):  # the line is exact up to XLA's buffer-assignment rounding: one or two corrections at most
+        if size(batch) > budget and batch > 1:
+            batch -= 1
+        elif size(batch + 1) <= budget:
+            batch += 1
+        else:
+            break
+    fits = size(batch) <= budget
+    return {"max_batch": batch if fits else None, "budget_bytes": budget, "footprints": sizes}
+
+
+class _Session:
+    """One process's trial and model state across runs; falls back from cuDNN to XLA attention once.
+
+    cuDNN's fused attention is what training uses on a GPU; should it refuse these shapes, XLA's runs instead.
+    """
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.attention = args.attention
+        self.trial: Trial | None = None
+        self.state = None
+
+    def attempt(self, work) -> dict[str, Any]:
+        """``work(trial)``'s row, or a row whose status says what went wrong (``oom: ...`` or ``error: ...``)."""
+        args = self.args
+        try:
+            if self.trial is None:
+                self.trial = Trial(args.provider, args.config, args.seq, args.precision, self.attention)
+            return {"attention": self.attention or "xla"} | work(self.trial)
+        except Exception as error:  # the driver reads the row; an OOM is a result, not a crash
+            self.state = None  # it may have been donated to the failed step
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            if "RESOURCE_EXHAUSTED" in message:
+                return {"attention": self.attention or "xla", "status": f"oom: {message}"}
+            if self.attention == "cudnn":
+                print(f"attention=cudnn failed ({message}); retrying with XLA attention", flush=True)
+                self.attention, self.trial = None, None
+                return self.attempt(work)
+            return {"attention": self.attention or "xla", "status": f"error: {message}"}
+
+    def measure(self, phase: str, batch: int) -> dict[str, Any]:
+        """One timed run at ``batch``, continuing from the state of the last one."""
+
+        def work(trial: Trial) -> dict[str, Any]:
+            row, self.state = run(trial, batch, self.args.steps, self.args.warmup, self.state)
+            return row
+
+        return {"phase": phase, "batch": batch} | self.attempt(work)
+
+
+def _runs(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """The rows of ``run``: the same batch, then (if given) the largest batch, one less after an OOM."""
+    session = _Session(args)
+    yield session.measure("same_batch", args.batch)
+    if args.max_batch:
+        row = session.measure("max_batch", args.max_batch)
+        if row["status"].startswith("oom") and args.max_batch > 1:
+            yield row | {"phase": "max_batch_oom"}
+            row = session.measure("max_batch", args.max_batch - 1)
+        yield row
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``run`` prints a JSON row per run, ``probe`` one JSON row."""
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("action", choices=("run", "probe"))
+    cli.add_argument("--provider", required=True, choices=("liger_jax", "xla"))
+    cli.add_argument("--config", default="1b")
+    cli.add_argument("--seq", type=int, default=2048)
+    cli.add_argument("--batch", type=int, required=True, help="run: the same-batch run; probe: the first compiled")
+    cli.add_argument("--max-batch", type=int, help="run: then run at this batch too (from probe)")
+    cli.add_argument("--precision", default="bf16", choices=tuple(PRECISIONS))
+    cli.add_argument("--attention", default=None, choices=("cudnn", "xla"))
+    cli.add_argument("--steps", type=int, default=5)
+    cli.add_argument("--warmup", type=int, default=2)
+    cli.add_argument("--capacity-from-batch", type=int, help="probe: pretend the device holds exactly this batch")
+    args = cli.parse_args(argv)
+    from benchmarks.providers import prepare_process
+
+    prepare_process()
+    base = {"provider": args.provider, "config": args.config, "seq": args.seq, "precision": args.precision}
+    if args.action == "probe":
+        found = _Session(args).attempt(
+            lambda trial: {"status": "ok"} | probe(trial, args.batch, args.capacity_from_batch)
+        )
+        print(json.dumps(base | found, default=str), flush=True)
+        return
+    for row in _runs(args):
+        print(json.dumps(base | row, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

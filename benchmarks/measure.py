@@ -1,0 +1,89 @@
+"""One measurement of a JAX provider: compile, memory analysis, timing, and the row that records them."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from benchmarks import hardware, memory, modes
+from benchmarks.case import Case
+from benchmarks.timing import Policy, Timing, time_batches
+
+# One pass over the copies streams 3 × L2 of inputs, so no copy is still cached when it is read again. Copies are
+# only needed for small inputs, so they cost little memory; the cap bounds the program size (one op per copy).
+ROTATION_BYTES = 3 * hardware.L2_BYTES
+MAX_COPIES = 16
+
+
+def copies_for(bytes_per_copy: int, smoke: bool) -> int:
+    """How many input copies to rotate over so one pass reads about 3 × L2 (2 in smoke runs)."""
+    if smoke:
+        return 2
+    return min(MAX_COPIES, max(1, math.ceil(ROTATION_BYTES / max(bytes_per_copy, 1))))
+
+
+def mode_program(case: Case, provider: str, mode: str) -> tuple[Callable, Callable]:
+    """``(body, make)``: the mode's program for ``provider``, and ``make(key)`` drawing one input set for it.
+
+    ``make`` is jitted, so XLA fuses the draws and their casts and no fp32 temporaries reach memory.
+    """
+    body, prepare = modes.program(case.providers[provider], case.diff_argnums, mode)
+
+    @jax.jit
+    def make(key):
+        inputs_key, cotangent_key = jax.random.split(key)
+        return prepare(case.make_inputs(inputs_key), cotangent_key)
+
+    return body, make
+
+
+def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
+    """Times ``provider`` on ``case`` in ``mode`` and returns the row (timing, throughput, floor, memory)."""
+    body, make = mode_program(case, provider, mode)
+    first = make(jax.random.key(0))
+    timed = jax.jit(modes.over_copies(body))
+    single = timed.lower([first]).compile()
+    row = memory.compiled_memory(single)
+    count = copies_for(memory.tree_bytes(first), smoke)
+    copies = [first] + [make(jax.random.key(seed)) for seed in range(1, count)]
+    compiled = single if count == 1 else timed.lower(copies).compile()
+
+    def run_batch(calls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = compiled(copies)
+        jax.block_until_ready(out)
+        return time.perf_counter() - start
+
+    timing = time_batches(run_batch, policy, ops_per_call=count)
+    row.update(copies=count)
+    return timing_row(case, provider, mode, timing) | row
+
+
+def timing_row(case: Case, provider: str, mode: str, timing: Timing) -> dict[str, Any]:
+    """The identifying and timing fields of a row, with achieved throughput and the fraction of the floor."""
+    bytes_moved, flops = case.bytes_moved[mode], case.flops[mode]
+    floor = hardware.floor_ms(bytes_moved, flops)
+    return {
+        "op": case.op,
+        "provider": provider,
+        "mode": mode,
+        "shape": case.shape,
+        "dtype": case.dtype,
+        "status": "ok",
+        "ms": timing.ms,
+        "p20_ms": timing.p20_ms,
+        "p80_ms": timing.p80_ms,
+        "samples": timing.samples,
+        "calls_per_sample": timing.calls_per_sample,
+        "gb_per_s": bytes_moved / timing.ms / 1e6,
+        "tflop_per_s": flops / timing.ms / 1e9 if flops else None,
+        "floor_ms": floor,
+        "fraction_of_floor": floor / timing.ms,
+        "bytes_moved": bytes_moved,
+        "flops": flops,
+    }

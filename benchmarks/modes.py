@@ -1,0 +1,95 @@
+"""The JAX program a mode times: forward, backward (the pullback alone), or full (forward then backward).
+
+Each builder returns ``(body, prepare)``: ``body(*inputs)`` is what is timed and ``prepare(args, key)`` turns one
+set of case arguments into its inputs (for ``backward`` that runs the forward, so the pullback's residuals exist).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import draws
+
+
+def program(fn: Callable[..., Any], diff_argnums: Sequence[int], mode: str) -> tuple[Callable, Callable]:
+    """``(body, prepare)`` for ``mode`` in ``("forward", "backward", "full")``, differentiating ``diff_argnums``."""
+    match mode:
+        case "forward":
+            return fn, lambda args, key: tuple(args)
+        case "backward":
+            return _backward(fn, tuple(diff_argnums))
+        case "full":
+            return _full(fn, tuple(diff_argnums))
+        case _:
+            raise ValueError(f"mode must be forward, backward or full, got {mode!r}")
+
+
+def over_copies(body: Callable[..., Any]) -> Callable[[list], list]:
+    """``body`` applied to each input copy in turn, inside one program.
+
+    One call then runs the op once per copy, so host dispatch is paid once per several ops and no copy's inputs
+    are still in L2 when it is read. An optimization barrier makes each application wait for the previous one:
+    XLA can neither fuse the copies into one wider kernel nor run them concurrently, as in a real model.
+    """
+
+    def run(copies: list) -> list:
+        outputs, previous = [], None
+        for inputs in copies:
+            if previous is not None:
+                inputs, previous = jax.lax.optimization_barrier((inputs, previous))
+            previous = body(*inputs)
+            outputs.append(previous)
+        return outputs
+
+    return run
+
+
+def cotangent_like(fn: Callable[..., Any], args: Sequence[Any], key: Any) -> Any:
+    """A cotangent for ``fn(*args)``: ones for scalars (a loss), standard normal draws otherwise."""
+    shapes = jax.eval_shape(fn, *args)
+    leaves, tree = jax.tree.flatten(shapes)
+    keys = jax.random.split(key, len(leaves))
+    cotangents = [
+        jnp.ones(s.shape, s.dtype) if s.ndim == 0 else draws.normal(k, s.shape, s.dtype)
+        for s, k in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree.unflatten(tree, cotangents)
+
+
+def _vjp(fn, args, diff_argnums):
+    def of_differentiated(*differentiated):
+        full = list(args)
+        for index, value in zip(diff_argnums, differentiated, strict=True):
+            full[index] = value
+        return fn(*full)
+
+    return jax.vjp(of_differentiated, *(args[i] for i in diff_argnums))
+
+
+def _full(fn, diff_argnums):
+    def body(args, cotangent):
+        out, pullback = _vjp(fn, args, diff_argnums)
+        # As in training, the cotangent exists only once the forward's output does, so the two passes cannot
+        # fuse into one; the residuals stay free, so XLA may still recompute cheap ones in the backward, as it
+        # does inside a training step.
+        out, cotangent = jax.lax.optimization_barrier((out, cotangent))
+        return out, pullback(cotangent)
+
+    def prepare(args, key):
+        return tuple(args), cotangent_like(fn, args, key)
+
+    return body, prepare
+
+
+def _backward(fn, diff_argnums):
+    def body(pullback, cotangent):
+        return pullback(cotangent)
+
+    def prepare(args, key):
+        return _vjp(fn, tuple(args), diff_argnums)[1], cotangent_like(fn, args, key)
+
+    return body, prepare

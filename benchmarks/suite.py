@@ -1,0 +1,144 @@
+"""The whole benchmark suite on one GPU in one go: ``python -m benchmarks.suite --out $OUT``.
+
+Phases, each in fresh processes so that no JAX allocator outlives its phase, under one wall-clock budget:
+
+1. ops (``benchmarks.run``): every op at the issues' target shapes in all modes, then the token and
+   hidden/vocab sweeps in fwd+bwd, until the phase's share of the budget is spent; meanwhile the end-to-end
+   batch search compiles in the background (CPU work only);
+2. peaks (``benchmarks.peak``): a fresh process's peak memory of fwd+bwd at each target shape, several at once;
+3. end to end (``benchmarks.e2e``): the Llama step at the same batch, then at each one's largest batch;
+4. report: ``results.csv``, ``results.json``, ``RESULTS.md`` and ``plots.tar`` beside ``results.jsonl``.
+
+``--smoke`` runs the same phases on tiny shapes (CPU: XLA and Triton's interpreter) to check the code paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks import e2e, peak, processes, report
+from benchmarks import rows as results
+from benchmarks.case import shape_string
+from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA
+
+# Shares of the budget (seconds, for the default 500 s): ops 200, peaks 40, the rest end to end (about 230 s: one
+# trial per provider, each compiling and running two batches), 15 for the report.
+OPS_SHARE, PEAK_SHARE, REPORT_S = 0.40, 0.08, 15.0
+OPS_OVERRUN_S = 90.0  # the budget stops new measurements; the last one started may still compile and time
+MAX_OPS_RESTARTS = 3
+PEAK_JOBS = 6  # parallel peak processes: CPU-bound start-up and Triton compiles on a 16-core host
+PEAK_TIMEOUT_S = 60.0
+CAPACITY_SHARE = 0.85  # of the device's memory limit, for the peak processes running at once
+
+
+def _log(message: str, start: float) -> None:
+    print(f"[suite {time.monotonic() - start:6.1f} s] {message}", flush=True)
+
+
+def ops_phase(args: argparse.Namespace, budget_s: float) -> None:
+    """Runs ``benchmarks.run`` in a subprocess: all ops, targets then sweeps, rows streamed to ``args.out``.
+
+    A process that dies (a crash, or a kernel fault that leaves the device unusable) is restarted with
+    ``--resume`` while time is left: a fresh process gets a fresh CUDA context and carries on after the fault.
+    """
+    deadline = time.monotonic() + budget_s
+    command = [sys.executable, "-m", "benchmarks.run", "--op", *args.op, "--out", str(args.out), "--no-report"]
+    command += ["--sweep", "target", "tokens", "hidden", "vocab", "--sweep-mode", "full"]
+    command += ["--smoke"] if args.smoke else ["--time-per-measurement", "0.15"]
+    for attempt in range(MAX_OPS_RESTARTS + 1):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        resume = ["--resume"] if attempt else []
+        try:
+            done = subprocess.run(
+                [*command, *resume, "--budget-s", str(left)],
+                check=False,
+                timeout=left + OPS_OVERRUN_S,
+                env=processes.child_env(),
+            )
+        except subprocess.TimeoutExpired:
+            print("suite: the ops phase ran past its budget and was stopped; its rows so far are kept", flush=True)
+            return
+        if done.returncode == 0:
+            return
+        print(f"suite: the ops process exited with {done.returncode}; resuming in a fresh one", flush=True)
+
+
+def peak_phase(args: argparse.Namespace, deadline: float) -> None:
+    """Measures fresh-process peaks for the target shapes' fwd+bwd rows (for --smoke: two rows)."""
+    from benchmarks.cases import OPS
+
+    targets = {
+        (name, shape_string(p), d) for name, op in OPS.items() for p, d in (op.smoke if args.smoke else op.targets)
+    }
+    path = args.out / results.JSONL
+    rows = [
+        r
+        for r in (results.merged(results.load(path)) if path.exists() else [])
+        if r.get("kind") is None
+        and r["status"] == "ok"
+        and r["mode"] == "full"
+        and r["provider"] in (LIGER_JAX, XLA, LIGER_JAX_XLA)
+        and (r["op"], r["shape"], r["dtype"]) in targets
+    ]
+    if args.smoke:
+        rows = rows[:2]
+    limit = next((r["device_memory_bytes"] for r in rows if r.get("device_memory_bytes")), None)
+    peak.run_pool(
+        rows,
+        capacity_bytes=CAPACITY_SHARE * limit if limit else float("inf"),
+        max_jobs=PEAK_JOBS,
+        deadline=deadline,
+        timeout_s=PEAK_TIMEOUT_S,
+        emit=lambda row: results.append(args.out, row),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry point."""
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--out", type=pathlib.Path, required=True, help="the one folder all results go to")
+    cli.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget for everything")
+    cli.add_argument("--op", nargs="+", default=["all"], help="ops for the ops phase")
+    cli.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks every phase's code path")
+    cli.add_argument("--skip-e2e", action="store_true")
+    args = cli.parse_args(argv)
+    start = time.monotonic()
+    end = start + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / results.JSONL).unlink(missing_ok=True)
+
+    e2e_args = e2e.parse(["--out", str(args.out), *(["--smoke"] if args.smoke else [])])
+    # The batch search only compiles (CPU; no GPU work, ~1 GB of GPU memory each), so it overlaps the ops phase.
+    search = None if args.skip_e2e else _phase("batch search", start, lambda: e2e.Search(e2e_args))
+    _phase(
+        "ops (end-to-end batch search compiling beside them)", start, lambda: ops_phase(args, OPS_SHARE * args.budget_s)
+    )
+    _phase("peaks", start, lambda: peak_phase(args, time.monotonic() + PEAK_SHARE * args.budget_s))
+    if search is not None:
+        _phase("end to end", start, lambda: e2e.run_e2e(e2e_args, end - REPORT_S, search))
+    _phase("report", start, lambda: report.write(args.out, pack_plots=True))
+    _log(f"done; results in {args.out}", start)
+
+
+def _phase(name: str, start: float, work: Callable[[], Any]) -> Any:
+    """Runs one phase; a bug in it is printed, and the later phases still run (None is returned)."""
+    _log(name, start)
+    try:
+        return work()
+    except Exception:  # the report must still be written from whatever rows exist
+        traceback.print_exc()
+        print(f"suite: phase '{name}' failed; carrying on", flush=True)
+        return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The issues' performance targets, checked against result rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.providers import LIGER_JAX, XLA
+
+Lookup = Callable[[str, str, str, str, str], dict[str, Any] | None]  # (op, shape, dtype, mode, provider) → row
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One goal: ``measure(lookup)`` gives ``(what was measured, met?)``; met is None when nothing was measured."""
+
+    issue: int
+    goal: str
+    measure: Callable[[Lookup], tuple[str, bool | None]]
+
+
+def _time_at_most(op: str, shape: str, mode: str, limit_ms: float) -> Callable[[Lookup], tuple[str, bool | None]]:
+    def measure(lookup: Lookup):
+        row = lookup(op, shape, "bfloat16", mode, LIGER_JAX)
+        if row is None:
+            return "not measured", None
+        return f"{row['ms']:.3f} ms", row["ms"] <= limit_ms
+
+    return measure
+
+
+def _speedup_and_floor(op: str, shape: str, speedup: float, floor: float):
+    def measure(lookup: Lookup):
+        ours, xla = (lookup(op, shape, "bfloat16", "full", p) for p in (LIGER_JAX, XLA))
+        if ours is None or xla is None:
+            return "not measured", None
+        ratio = xla["ms"] / ours["ms"]
+        text = f"{ratio:.2f}x XLA, {ours['fraction_of_floor']:.0%} of floor (XLA {xla['fraction_of_floor']:.0%})"
+        return text, ratio >= speedup and ours["fraction_of_floor"] >= floor
+
+    return measure
+
+
+def _flce(lookup: Lookup):
+    ours = lookup("fused_linear_cross_entropy", FLCE_SHAPE, "bfloat16", "full", LIGER_JAX)
+    xla = lookup("fused_linear_cross_entropy", FLCE_SHAPE, "bfloat16", "full", XLA)
+    if ours is None or ours.get("temp_bytes") is None:
+        return "not measured", None
+    temp = ours["temp_bytes"] / 2**30
+    text = f"{ours['ms']:.1f} ms, temp {temp:.2f} GiB"
+    if xla is not None:
+        text += f" (XLA {xla['ms']:.1f} ms, {xla['temp_bytes'] / 2**30:.2f} GiB)"
+    return text, ours["ms"] <= 44.0 and temp <= 1.0
+
+
+RMS_SHAPE = "tokens=16384,hidden=4096"
+FLCE_SHAPE = "tokens=8192,hidden=4096,vocab=128256"
+ROPE_SHAPE = "batch=4,seq=4096,q_heads=32,kv_heads=8,head_dim=128"
+TARGETS = (
+    Target(2, "RMSNorm fwd+bwd (16384, 4096) bf16 ≤ 0.25 ms", _time_at_most("rms_norm", RMS_SHAPE, "full", 0.25)),
+    Target(2, "RMSNorm forward (16384, 4096) bf16 ≤ 0.10 ms", _time_at_most("rms_norm", RMS_SHAPE, "forward", 0.10)),
+    Target(
+        3,
+        "LayerNorm (16384, 4096) bf16 fwd+bwd ≥ 1.3x XLA, ≥ 75% of floor",
+        _speedup_and_floor("layer_norm", RMS_SHAPE, 1.3, 0.75),
+    ),
+    Target(
+        3,
+        "RoPE B=4 S=4096 Hq=32 Hkv=8 D=128 bf16 fwd+bwd ≥ 1.3x XLA, ≥ 75% of floor",
+        _speedup_and_floor("apply_rotary_pos_emb", ROPE_SHAPE, 1.3, 0.75),
+    ),
+    Target(
+        3,
+        "SwiGLU (16384, 14336) bf16 fwd+bwd ≥ 1.3x XLA, ≥ 75% of floor",
+        _speedup_and_floor("swiglu", "tokens=16384,intermediate=14336", 1.3, 0.75),
+    ),
+    Target(4, "FLCE N=8192 H=4096 V=128256 bf16 fwd+bwd ≤ 44 ms and ≤ 1.0 GiB temp", _flce),
+)
+
+
+def e2e_verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
+    """Issue 6's end-to-end goals from the e2e rows: ``(goal, measured, met?)``."""
+    by = {(row["provider"], row["phase"]): row for row in rows if row.get("status") == "ok"}
+    verdicts = []
+    same = [by.get((p, "same_batch")) for p in (LIGER_JAX, XLA)]
+    if all(same) and same[0].get("peak_bytes") and same[1].get("peak_bytes"):
+        ratio = same[1]["peak_bytes"] / same[0]["peak_bytes"]
+        verdicts.append(("peak memory ≥ 2x lower with liger at the same batch", f"{ratio:.2f}x lower", ratio >= 2.0))
+    else:
+        verdicts.append(("peak memory ≥ 2x lower with liger at the same batch", "not measured", None))
+    largest = [by.get((p, "max_batch")) for p in (LIGER_JAX, XLA)]
+    if all(largest):
+        ratio = largest[0]["tokens_per_s"] / largest[1]["tokens_per_s"]
+        text = f"{ratio:.2f}x (batch {largest[0]['batch']} vs {largest[1]['batch']})"
+        verdicts.append(("tokens/s ≥ 1.2x at each one's largest batch", text, ratio >= 1.2))
+    else:
+        verdicts.append(("tokens/s ≥ 1.2x at each one's largest batch", "not measured", None))
+    return verdicts

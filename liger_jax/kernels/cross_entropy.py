@@ -1,0 +1,169 @@
+"""Cross-entropy kernels: each program takes BLOCK_ROWS rows and streams the vocabulary in BLOCK_V blocks with an
+online softmax (BLOCK_ROWS is 1 for LLM vocabularies).
+
+With c = softcap · tanh(z / softcap) (or c = z without softcap), lse = log Σ_j exp(c_j), smoothing α and V classes,
+the loss of a row with label y is
+
+    loss = lse - (1 - α) · c_y - (α / V) · Σ_j c_j + z_loss_scale · lse²
+
+and its gradient is dloss/dz_j = (p_j · (1 + 2 · z_loss_scale · lse) - α / V - (1 - α) · [j = y]) · dc_j/dz_j, with
+p = softmax(c) and dc/dz = 1 - tanh². All of it is fp32, whatever the logits dtype; the gradient is rounded to the
+logits dtype only when it is stored, so the target term is subtracted before any rounding.
+
+Rows whose label is ``ignore_index`` get loss 0, z-loss 0 and a zero gradient; their logits are never loaded. A label
+outside [0, V) gives a NaN loss and a zero gradient; the target logit is picked out of the blocks already loaded,
+so no label can make a kernel read out of bounds.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(u):
+    """tanh in fp32 from exp (the interpreter has no libdevice): absolute error ~1e-7, which is what matters for
+    softcapped logits. exp overflowing to inf gives exactly ±1."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+
+
+@triton.jit
+def _row_block(first_row, n_rows, labels_ptr, ignore_index: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Rows of this program (int64: rows · V passes 2^31), their labels, and which rows exist / are not ignored."""
+    rows = first_row + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+    row_exists = rows < n_rows
+    labels = tl.load(labels_ptr + rows, mask=row_exists, other=ignore_index).to(tl.int64)
+    return rows, labels, row_exists, row_exists & (labels != ignore_index)
+
+
+@triton.jit
+def _capped_tile(
+    logits_ptr, rows, active, n_cols, block, softcap: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """Offsets, columns, column mask and fp32 softcapped logits of one [BLOCK_ROWS, BLOCK_V] tile.
+
+    Only active rows are loaded (inactive ones read as 0, which keeps their statistics finite); columns past
+    n_cols hold -inf so they drop out of every max and exp.
+    """
+    cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_mask = cols[None, :] < n_cols
+    offsets = rows[:, None] * n_cols + cols[None, :]
+    z = tl.load(logits_ptr + offsets, mask=active[:, None] & col_mask, other=0.0).to(tl.float32)
+    if softcap > 0:
+        z = softcap * _tanh(z / softcap)
+    return offsets, cols, col_mask, tl.where(col_mask, z, float("-inf"))
+
+
+@triton.jit
+def _statistics(
+    logits_ptr,
+    rows,
+    labels,
+    active,
+    n_cols,
+    softcap: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """One pass over the rows: per row (lse, c_label, Σ_j c_j), fp32, after softcap."""
+    running_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
+    running_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
+    target = tl.zeros((BLOCK_ROWS,), tl.float32)
+    total = tl.zeros((BLOCK_ROWS,), tl.float32)
+    for block in range(NUM_V_BLOCKS):
+        _, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
+        new_max = tl.maximum(running_max, tl.max(c, axis=1))
+        # Shift by 0 while a row has only seen -inf (its first block, or logits masked to -inf), not by -inf:
+        # exp(-inf - shift) is then 0 rather than NaN.
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        running_sum = running_sum * tl.exp(running_max - shift) + tl.sum(tl.exp(c - shift[:, None]), axis=1)
+        running_max = new_max
+        target += tl.sum(tl.where(cols[None, :] == labels[:, None], c, 0.0), axis=1)
+        total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
+    return running_max + tl.log(running_sum), target, total
+
+
+@triton.jit
+def _row_losses(lse, target, total, labels, active, n_cols, label_smoothing: tl.constexpr, z_loss_scale: tl.constexpr):
+    """Per row (loss, z_loss): 0 for ignored rows, a NaN loss for a label outside [0, n_cols)."""
+    z_loss = z_loss_scale * lse * lse
+    loss = lse - (1.0 - label_smoothing) * target + z_loss
+    if label_smoothing > 0:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf
+        loss -= (label_smoothing / n_cols) * total
+    loss = tl.where((labels >= 0) & (labels < n_cols), loss, float("nan"))
+    return tl.where(active, loss, 0.0), tl.where(active, z_loss, 0.0)
+
+
+@triton.jit
+def cross_entropy_loss(
+    logits_ptr,  # [n_rows, n_cols] logits.dtype
+    labels_ptr,  # [n_rows] int32 or int64
+    n_rows,
+    n_cols,
+    loss_ptr,  # [n_rows] fp32
+    z_loss_ptr,  # [n_rows] fp32
+    ignore_index: tl.constexpr,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    softcap: tl.constexpr,  # 0.0 means no softcap
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """Per-row loss and z-loss only (the primal pass when no gradient is taken): one read of the logits."""
+    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
+    lse, target, total = _statistics(
+        logits_ptr, rows, labels, active, n_cols, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    )
+    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
+    tl.store(loss_ptr + rows, loss, mask=row_exists)
+    tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
+
+
+@triton.jit
+def cross_entropy_loss_and_grad(
+    logits_ptr,  # [n_rows, n_cols] logits.dtype; may alias dlogits_ptr
+    labels_ptr,  # [n_rows] int32 or int64
+    grad_scale_ptr,  # [n_rows] fp32: multiplies each row's gradient (1/n for "mean", a cotangent, ...)
+    n_rows,
+    n_cols,
+    dlogits_ptr,  # [n_rows, n_cols] logits.dtype
+    loss_ptr,  # [n_rows] fp32
+    z_loss_ptr,  # [n_rows] fp32
+    ignore_index: tl.constexpr,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    softcap: tl.constexpr,  # 0.0 means no softcap
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """Per-row loss, z-loss and grad_scale · dloss/dlogits: two reads of the logits, one write of the gradient.
+
+    Each gradient element is stored after this program last read its logit, so the gradient may overwrite the
+    logits in place.
+    """
+    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
+    lse, target, total = _statistics(
+        logits_ptr, rows, labels, active, n_cols, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    )
+    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
+    tl.store(loss_ptr + rows, loss, mask=row_exists)
+    tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
+    # Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is already NaN.
+    in_range = (labels >= 0) & (labels < n_cols)
+    scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
+    scale = tl.where(active & in_range, scale, 0.0)
+    softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
+    for block in range(NUM_V_BLOCKS):
+        offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
+        grad = tl.exp(c - lse[:, None]) * softmax_scale[:, None] - label_smoothing / n_cols
+        # The target's -(1 - α) joins p_y in fp32: rounding p_y first loses it entirely in bf16 (Liger #1329).
+        grad -= tl.where(cols[None, :] == labels[:, None], 1.0 - label_smoothing, 0.0)
+        if softcap > 0:
+            tanh = tl.where(col_mask, c / softcap, 0.0)
+            grad *= 1.0 - tanh * tanh
+        grad = grad * scale[:, None]
+        tl.store(dlogits_ptr + offsets, grad.to(dlogits_ptr.dtype.element_ty), mask=row_exists[:, None] & col_mask)

@@ -1,0 +1,73 @@
+"""The liger swaps of :mod:`liger_jax.models.llama`'s own classes, registered with
+:func:`liger_jax.flax_layers.register_swap` so that :func:`~liger_jax.flax_layers.apply_liger` replaces
+
+* :class:`~liger_jax.models.llama.RotaryEmbedding` by :class:`liger_jax.flax_layers.nnx.RotaryEmbedding`
+  (kind ``"rope"``),
+* :class:`~liger_jax.models.llama.LlamaMLP` by :class:`liger_jax.flax_layers.nnx.SwiGLUMLP` on the same three
+  projections (kind ``"swiglu"``),
+* :class:`~liger_jax.models.llama.LMHead` by :class:`LigerLMHead` (kind ``"fused_linear_cross_entropy"``).
+
+Each replacement holds the original's submodules and Params and changes only how they are computed.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from liger_jax import runtime
+from liger_jax.flax_layers import nnx as liger_nnx
+from liger_jax.flax_layers.swap import register_swap
+from liger_jax.models.llama import IGNORE_INDEX, LlamaMLP, LMHead, RotaryEmbedding
+
+
+class LigerLMHead(LMHead):
+    """:class:`LMHead` whose loss is :class:`liger_jax.flax_layers.nnx.FusedLinearCrossEntropy`: the projection is
+    fused into the cross-entropy and ``[B, S, V]`` logits never exist. Calling it still returns logits."""
+
+    def __init__(
+        self,
+        embed: nnx.Embed | None,
+        linear: nnx.Linear | None,
+        *,
+        implementation: runtime.Implementation | None = None,
+    ):
+        self.embed, self.linear = embed, linear
+        self.implementation = implementation
+
+    def loss(self, hidden: jax.Array, labels: jax.Array, *, ignore_index: int = IGNORE_INDEX) -> jax.Array:
+        """Mean cross-entropy over labels that are not ``ignore_index`` (float32 scalar), as :meth:`LMHead.loss`.
+
+        Args:
+            hidden: ``[..., H]`` final hidden states.
+            labels: ``hidden.shape[:-1]`` integer targets in ``[0, V)`` or ``ignore_index``.
+            ignore_index: the label value that does not count.
+        """
+        head = self.embed if self.embed is not None else self.linear
+        fused = liger_nnx.FusedLinearCrossEntropy(ignore_index=ignore_index, implementation=self.implementation)
+        return fused(head, hidden, labels)
+
+
+def _rope(module: RotaryEmbedding, implementation):
+    return liger_nnx.RotaryEmbedding(module.head_dim, base=module.base, implementation=implementation)
+
+
+def _mlp(module: LlamaMLP, implementation):
+    gate = module.gate_proj
+    hidden_size, intermediate_size = gate.kernel.shape
+    mlp = nnx.eval_shape(  # abstract: its own projections are replaced by the module's
+        lambda: liger_nnx.SwiGLUMLP(
+            hidden_size, intermediate_size, use_bias=gate.use_bias, implementation=implementation, rngs=nnx.Rngs(0)
+        )
+    )
+    mlp.gate_proj, mlp.up_proj, mlp.down_proj = module.gate_proj, module.up_proj, module.down_proj
+    return mlp
+
+
+def _head(module: LMHead, implementation):
+    return LigerLMHead(module.embed, module.linear, implementation=implementation)
+
+
+register_swap(RotaryEmbedding, _rope, kind="rope")
+register_swap(LlamaMLP, _mlp, kind="swiglu")
+register_swap(LMHead, _head, kind="fused_linear_cross_entropy")

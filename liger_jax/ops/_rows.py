@@ -1,0 +1,149 @@
+"""Launching a row-wise kernel: every ``[..., D]`` operand is a stack of rows, cut into tiles by ``_tiling``.
+
+The kernels this serves share one signature: the array operands, then ``n_rows, n_cols, row_stride``, then one
+pointer per output, then their own constexprs, ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum`
+output), ``BLOCK_ROWS`` and ``BLOCK_D``.
+"""
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from liger_jax import runtime
+from liger_jax.ops import _tiling
+from liger_jax.ops._batching import vmap_over_rows
+from liger_jax.ops._partitioning import partitioned
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """An output ``[..., D]`` shaped like operand 0, with the dtype of operand ``like``."""
+
+    like: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+    """An fp32 output ``[...]``, one value per row (mean, rstd)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnSum:
+    """An fp32 output ``[D]`` summed over all rows (a weight's gradient; the op casts it to the weight's dtype).
+
+    The kernel writes fp32 partials ``[num_programs, D]``, one row per program, and XLA adds them: deterministic,
+    no atomics.
+    """
+
+
+Output = Rows | RowStats | ColumnSum
+
+
+@functools.cache
+def row_launcher(
+    kernel,
+    outputs: tuple[Output, ...],
+    *,
+    row_argnums: tuple[int, ...],
+    implementation: runtime.Implementation,
+    aliases: tuple[tuple[int, int], ...] = (),
+    **constexprs,
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """A function of the kernel's array operands that launches ``kernel`` over all rows.
+
+    Args:
+        kernel: a ``@triton.jit`` row-wise kernel with the signature in this module's docstring.
+        outputs: one spec per output pointer, in order.
+        row_argnums: the operands with row axes: operand 0 and the others ``[..., D]`` like it, and per-row
+            statistics ``[...]``. The remaining operands (weights ``[D]``) are passed as they are.
+        implementation: ``"triton"`` or ``"interpret"``.
+        aliases: ``(operand, output)`` pairs whose buffers may be shared (the operand is dead after the call).
+        **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
+
+    Returns:
+        ``launch(*operands) -> tuple of outputs`` as the specs describe them, cached per settings. Operand 0 is
+        ``[..., D]`` (rank ≥ 1, non-empty); ``jax.vmap`` of it folds the batch into the rows (or maps over
+        examples when weights are batched or an output sums over rows).
+    """
+    reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
+
+    def launch(*operands):
+        shape = operands[0].shape
+        n_cols, n_rows = shape[-1], math.prod(shape[:-1])
+        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows)
+        if reduces_rows:
+            programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation)
+            grid_constexprs = {"TILES_PER_PROGRAM": tiles_per_program}
+        else:
+            programs, grid_constexprs = _tiling.cdiv(n_rows, tiling.block_rows), {}
+        flat = [
+            _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
+            for i, operand in enumerate(operands)
+        ]
+        results = runtime.launch(
+            kernel,
+            *flat,
+            n_rows,
+            n_cols,
+            n_cols,
+            out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs],
+            grid=(programs,),
+            implementation=implementation,
+            num_warps=tiling.num_warps,
+            input_output_aliases=dict(aliases),
+            **constexprs,
+            **grid_constexprs,
+            BLOCK_ROWS=tiling.block_rows,
+            BLOCK_D=tiling.block_d,
+        )
+        return tuple(_finished(spec, result, operands) for spec, result in zip(outputs, results, strict=True))
+
+    sharded = partitioned(launch, functools.partial(_sharding_rule, outputs, row_argnums), replicated=("d",))
+    return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=reduces_rows)
+
+
+def _sharding_rule(outputs: tuple[Output, ...], row_argnums: tuple[int, ...], *operands) -> str:
+    """The launch as ``ops._partitioning`` reads it: rows shard freely, D stays whole, a ColumnSum sums rows."""
+    rank = operands[0].ndim
+    names = [
+        ("... d" if operand.ndim == rank else "...") if i in row_argnums else ("d" if operand.ndim else "")
+        for i, operand in enumerate(operands)
+    ]
+    results = [{Rows: "... d", RowStats: "...", ColumnSum: "d"}[type(spec)] for spec in outputs]
+    return f"{', '.join(names)} -> {', '.join(results)}"
+
+
+def _as_rows(operand: jax.Array, rank: int, n_rows: int, n_cols: int) -> jax.Array:
+    """``[..., D]`` → ``[n_rows, D]`` and ``[...]`` → ``[n_rows]`` (free: XLA arrays are row-major)."""
+    return operand.reshape((n_rows, n_cols) if operand.ndim == rank else (n_rows,))
+
+
+def _launch_shape(spec: Output, operands, n_rows: int, n_cols: int, programs: int) -> jax.ShapeDtypeStruct:
+    """The buffer the kernel writes for ``spec``."""
+    match spec:
+        case Rows(like=like):
+            return jax.ShapeDtypeStruct((n_rows, n_cols), operands[like].dtype)
+        case RowStats():
+            return jax.ShapeDtypeStruct((n_rows,), jnp.float32)
+        case ColumnSum():
+            return jax.ShapeDtypeStruct((programs, n_cols), jnp.float32)
+        case _:
+            raise TypeError(f"unknown output spec {spec!r}")
+
+
+def _finished(spec: Output, result: jax.Array, operands) -> jax.Array:
+    """The kernel's buffer for ``spec`` as the op returns it: row axes restored, partials summed."""
+    shape = operands[0].shape
+    match spec:
+        case Rows():
+            return result.reshape(shape)
+        case RowStats():
+            return result.reshape(shape[:-1])
+        case ColumnSum():
+            return result.sum(axis=0)
+        case _:
+            raise TypeError(f"unknown output spec {spec!r}")

@@ -1,0 +1,131 @@
+"""The benchmark harness's logic, and one op's smoke run end to end on CPU (nothing here measures speed)."""
+
+import argparse
+
+import pytest
+
+from benchmarks import e2e_trial, peak, report, run, timing
+from benchmarks import rows as results
+from benchmarks.cases import OPS
+from benchmarks.hardware import floor_ms
+
+
+def test_plan_puts_targets_first_and_measures_each_case_once():
+    ops = [OPS["rms_norm"], OPS["swiglu"]]
+    planned = [(op.name, shape, dtype) for op, shape, dtype in run.plan(ops, ["target", "tokens"], smoke=False)]
+    assert len(planned) == len(set(map(str, planned)))
+    n_targets = len(OPS["rms_norm"].targets) + len(OPS["swiglu"].targets)
+    assert [p[2] for p in planned[:n_targets]] == [d for op in ops for _, d in op.targets]
+    assert ("rms_norm", {"tokens": 2048, "hidden": 4096}, "bfloat16") in planned[n_targets:]
+
+
+def test_floor_is_the_larger_of_bandwidth_and_matmul_time():
+    assert floor_ms(3.4e9, 0) == pytest.approx(1.0)
+    assert floor_ms(1.0, 650e9) == pytest.approx(1.0)
+
+
+def test_time_batches_reports_per_application_percentiles():
+    elapsed = iter([0.5, 0.01, 0.02] + [0.01 * k for k in (2, 4, 2, 4, 3)])
+    policy = timing.Policy(warmup=1, min_samples=5, max_samples=5, budget_s=0.0, sample_s=0.02)
+    calls = []
+
+    def run_batch(n):
+        calls.append(n)
+        return next(elapsed)
+
+    result = timing.time_batches(run_batch, policy, ops_per_call=2)
+    assert calls == [1, 1, 1, 2, 2, 2, 2, 2]  # warm-up, two sizing calls, samples of 0.02 s / 0.01 s = 2 calls
+    assert result.samples == 5 and result.calls_per_sample == 2
+    assert result.ms == pytest.approx(1e3 * 0.03 / 4)  # median sample 0.03 s over 2 calls × 2 applications
+
+
+def test_slow_ops_reuse_the_sizing_calls_as_samples():
+    elapsed = iter([9.0, 1.0, 3.0, 2.0, 2.0, 2.0])
+    policy = timing.Policy(warmup=1, min_samples=5, max_samples=40, budget_s=0.1, sample_s=0.004)
+    result = timing.time_batches(lambda n: next(elapsed), policy)
+    assert (result.samples, result.calls_per_sample, result.ms) == (5, 1, pytest.approx(2e3))
+
+
+def test_peak_rows_merge_into_their_timing_rows():
+    key = {"op": "rms_norm", "provider": "xla", "mode": "full", "shape": "tokens=1,hidden=2", "dtype": "float32"}
+    merged = results.merged([key | {"status": "ok", "ms": 1.0}, key | {"kind": "peak", "peak_bytes": 7}])
+    assert merged == [key | {"status": "ok", "ms": 1.0, "peak_bytes": 7}]
+
+
+def test_peak_pool_keeps_parallel_jobs_within_memory(monkeypatch):
+    import threading
+    import time
+
+    running, most = [], [0]
+    lock = threading.Lock()
+
+    def fake_run(row, timeout_s):
+        with lock:
+            running.append(row["temp_bytes"])
+            most[0] = max(most[0], sum(running))
+        time.sleep(0.05)
+        with lock:
+            running.remove(row["temp_bytes"])
+        return peak._key(row) | {"kind": "peak", "peak_status": "ok"}
+
+    monkeypatch.setattr(peak, "_run_one", fake_run)
+    base = {"provider": "xla", "mode": "full", "shape": "tokens=1,hidden=1", "dtype": "float32"}
+    rows = [base | {"op": f"op{i}", "temp_bytes": size} for i, size in enumerate([60, 50, 30, 20, 10])]
+    emitted = []
+    peak.run_pool(rows, capacity_bytes=80, max_jobs=3, deadline=time.monotonic() + 60, timeout_s=1, emit=emitted.append)
+    assert len(emitted) == 5 and all(e["peak_status"] == "ok" for e in emitted)
+    assert most[0] <= 80
+
+
+def test_batch_search_finds_the_largest_fitting_batch():
+    class LinearTrial:
+        def footprint(self, batch):
+            return 1000 + 37 * batch + (5 if batch % 2 else 0)  # a line with buffer-assignment wobble
+
+    found = e2e_trial.probe(LinearTrial(), start=4, capacity_from_batch=23)
+    assert found["max_batch"] == 23
+
+
+def test_report_keeps_the_hand_written_header(tmp_path):
+    md = tmp_path / "RESULTS.md"
+    md.write_text(f"# Mine\n\nhand-written notes\n\n{report.MARKER}\nold generated text\n")
+    row = {"op": "rms_norm", "provider": "xla", "mode": "full", "shape": "tokens=16384,hidden=4096"}
+    row |= {"dtype": "bfloat16", "status": "ok", "ms": 0.35, "p20_ms": 0.34, "p80_ms": 0.36, "gb_per_s": 1900.0}
+    row |= {"tflop_per_s": None, "floor_ms": 0.2, "fraction_of_floor": 0.57, "temp_bytes": 0, "device": "gpu:H200"}
+    results.append(tmp_path, row)
+    report.write(tmp_path, results_md=md, plots_dir=tmp_path / "plots")
+    text = md.read_text()
+    assert text.startswith("# Mine\n\nhand-written notes\n") and "old generated text" not in text
+    assert "| tokens=16384,hidden=4096 | bfloat16 | full | xla | 0.350 (0.340–0.360) | 1.00x |" in text
+    assert (tmp_path / "plots" / "rms_norm.png").exists()
+
+
+def test_rms_norm_smoke_run_writes_every_output(tmp_path):
+    run.main(["--op", "rms_norm", "--smoke", "--mode", "full", "--out", str(tmp_path)])
+    rows = results.merged(results.load(tmp_path / results.JSONL))
+    assert {(r["provider"], r["status"]) for r in rows} == {("liger_jax", "ok"), ("xla", "ok")}
+    assert all(r["ms"] > 0 and r["temp_bytes"] is not None for r in rows)
+    assert {"results.csv", "results.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_resume_knows_what_finished_and_what_died_in_flight(tmp_path):
+    done = {"op": "rms_norm", "provider": "xla", "mode": "full", "shape": "tokens=1,hidden=1", "dtype": "float32"}
+    died = done | {"provider": "liger_jax"}
+    for row in (done | {"kind": "attempt"}, done | {"status": "ok"}, died | {"kind": "attempt"}):
+        results.append(tmp_path, row)
+    finished, in_flight = run._previous(tmp_path)
+    assert finished == {tuple(done.values())} and in_flight == {tuple(died.values())}
+
+
+def test_trial_retries_one_batch_less_after_running_out_of_memory(monkeypatch):
+    def measure(self, phase, batch):
+        return {"phase": phase, "batch": batch, "status": "oom: RESOURCE_EXHAUSTED" if batch == 9 else "ok"}
+
+    monkeypatch.setattr(e2e_trial._Session, "measure", measure)
+    args = argparse.Namespace(batch=4, max_batch=9, attention=None)
+    rows = list(e2e_trial._runs(args))
+    assert [(r["phase"], r["batch"], r["status"][:3]) for r in rows] == [
+        ("same_batch", 4, "ok"),
+        ("max_batch_oom", 9, "oom"),
+        ("max_batch", 8, "ok"),
+    ]

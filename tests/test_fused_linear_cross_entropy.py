@@ -1,0 +1,279 @@
+"""fused_linear_cross_entropy: every implementation against the float64 reference that materialises the logits."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import liger_jax
+from tests import harness
+from tests.test_cross_entropy import _labels, _normal
+
+N, H, V = 45, 32, 300  # N is not a multiple of CHUNK; V spans two interpreter blocks and a partial third
+CHUNK = 16
+ALL_OPTIONS = {"label_smoothing": 0.1, "z_loss_scale": 1e-3, "softcap": 8.0, "ignore_index": 5}
+# (dtype, weight_layout, bias, options, reduction): both layouts with and without bias, every reduction, in turn.
+CASES = [
+    (jnp.float32, "hv", True, {}, "mean"),
+    (jnp.float32, "vh", False, ALL_OPTIONS, "none"),
+    (jnp.float32, "hv", False, {"label_smoothing": 0.2}, "sum"),
+    (jnp.bfloat16, "hv", True, ALL_OPTIONS, "mean"),
+    (jnp.bfloat16, "vh", True, ALL_OPTIONS, "none"),
+    (jnp.bfloat16, "vh", False, {}, "sum"),
+    (jnp.bfloat16, "hv", False, {"z_loss_scale": 1e-2, "softcap": 2.0}, "none"),
+    (jnp.float16, "hv", True, ALL_OPTIONS, "mean"),
+]
+
+
+def _case_id(case):
+    dtype, layout, bias, options, reduction = case
+    return f"{jnp.dtype(dtype).name}-{layout}-{'bias' if bias else 'nobias'}-{'-'.join(options) or 'plain'}-{reduction}"
+
+
+def _inputs(seed, dtype, layout="hv", n_rows=N, ignore_index=-100):
+    x = _normal(seed, (n_rows, H), dtype)
+    # Scaled like an initialised LM head (logits of std ~1.4): then whether the bf16 logits of XLA's CPU matmul are
+    # rounded (the reference rounds them, XLA may keep fp32) moves the softmax by well under the bf16 tolerance.
+    weight = _normal(seed + 1, (H, V) if layout == "hv" else (V, H), dtype, scale=0.25)
+    bias = _normal(seed + 2, (V,), dtype)
+    return x, weight, bias, _labels(seed + 3, (n_rows,), V, ignore_index)
+
+
+def _cotangent(reduction, n_rows=N):
+    """≠ 1: per-row for "none"; "mean" scaled by the row count so gradients are O(1)."""
+    if reduction == "none":
+        return _normal(9, (n_rows,), jnp.float32)
+    return jnp.float32(1.3 * (n_rows if reduction == "mean" else 1))
+
+
+def _assert_matches_reference(op, primals, labels, dtype, cotangent, logits_dtype="same", **kwargs):
+    """``op(*primals)`` against the float64 reference, values and gradients, at ``dtype``'s tolerance; the
+    reference rounds the logits to ``logits_dtype`` (by default ``dtype``, None for no rounding)."""
+    layout = kwargs.get("weight_layout", "hv")
+    options = {k: v for k, v in kwargs.items() if k != "weight_layout"}
+    logits_dtype = dtype if logits_dtype == "same" else logits_dtype
+
+    def reference(x, weight, *bias):
+        return liger_jax.fused_linear_cross_entropy_reference(
+            x,
+            weight,
+            labels,
+            bias=bias[0] if bias else None,
+            weight_layout=layout,
+            logits_dtype=logits_dtype,
+            **options,
+        )
+
+    harness.assert_vjp_matches_reference(op, reference, primals, cotangent, dtype)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_losses_and_gradients_match_float64_reference(implementation, case):
+    dtype, layout, with_bias, options, reduction = case
+    x, weight, bias, labels = _inputs(CASES.index(case), dtype, layout, ignore_index=options.get("ignore_index", -100))
+    kwargs = options | {"reduction": reduction, "weight_layout": layout}
+
+    def op(x, weight, *bias):
+        return liger_jax.fused_linear_cross_entropy(
+            x, weight, labels, bias=bias[0] if bias else None, chunk_size=CHUNK, implementation=implementation, **kwargs
+        )
+
+    primals = (x, weight, bias) if with_bias else (x, weight)
+    chex.assert_type(jax.jit(op)(*primals), jnp.float32)
+    _assert_matches_reference(op, primals, labels, dtype, _cotangent(reduction), **kwargs)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("chunk_size", [None, 1, 7, N, 64])
+def test_every_chunk_size_gives_the_same_result(implementation, chunk_size):
+    x, weight, bias, labels = _inputs(20, jnp.float32)
+
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_cross_entropy(
+            x, weight, labels, bias=bias, chunk_size=chunk_size, implementation=implementation
+        )
+
+    _assert_matches_reference(op, (x, weight, bias), labels, jnp.float32, _cotangent("mean"))
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_all_rows_ignored_gives_zero_loss_and_gradients(implementation, reduction):
+    x, weight, bias, _ = _inputs(21, jnp.float32)
+    labels = jnp.full((N,), -100)
+    loss, grads = harness.vjp_under_jit(
+        lambda x, w, b: liger_jax.fused_linear_cross_entropy(
+            x, w, labels, bias=b, reduction=reduction, chunk_size=CHUNK, implementation=implementation
+        ),
+        (x, weight, bias),
+        jnp.ones((N,) if reduction == "none" else (), jnp.float32),
+    )
+    np.testing.assert_array_equal(loss, 0.0)
+    for grad in grads:
+        np.testing.assert_array_equal(grad, 0.0)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_compiled_temp_memory_is_far_below_the_logits(implementation):
+    # 16384 × 4096 fp32 logits are 256 MiB; a 256-row chunk of them is 4 MiB. Compiled only, never run.
+    n_rows, hidden, n_classes, chunk = 16384, 64, 4096, 256
+    x = jnp.zeros((n_rows, hidden), jnp.float32)
+    weight = jnp.zeros((hidden, n_classes), jnp.float32)
+    labels = jnp.zeros((n_rows,), jnp.int32)
+
+    def loss(x, weight, labels):
+        return liger_jax.fused_linear_cross_entropy(x, weight, labels, chunk_size=chunk, implementation=implementation)
+
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(x, weight, labels).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    # Chunk logits and their gradient, the dweight accumulator and dx, each at most twice over, plus 64 MiB for
+    # a GPU's matmul workspace: 90 MiB, against the 256 MiB that the logits alone would take.
+    bound = 2 * 4 * (2 * chunk * n_classes + hidden * n_classes + n_rows * hidden) + 64 * 2**20
+    assert temp <= bound < n_rows * n_classes * 4
+
+
+def test_compiled_program_does_not_grow_with_the_rows():
+    def program(n_rows):
+        x, weight, bias, labels = _inputs(22, jnp.float32, n_rows=n_rows)
+        grad = jax.grad(
+            lambda x, w: liger_jax.fused_linear_cross_entropy(
+                x, w, labels, bias=bias, chunk_size=8, implementation=harness.KERNEL_IMPLEMENTATION
+            ),
+            argnums=(0, 1),
+        )
+        return jax.make_jaxpr(grad)(x, weight)
+
+    small, large = program(40), program(4000)
+    primitives = _primitive_names(small.jaxpr)
+    assert {"scan", "while"} & set(primitives), primitives
+    assert primitives == _primitive_names(large.jaxpr)
+
+
+def _primitive_names(jaxpr) -> list[str]:
+    """The primitives of ``jaxpr`` and of the jaxprs inside it (the chunk loop sits in a custom_partitioning op)."""
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    names.extend(_primitive_names(inner))
+    return names
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_vmap_gives_per_example_losses_and_gradients(implementation):
+    x = _normal(23, (3, 20, H), jnp.float32)
+    labels = _labels(24, (3, 20), V)
+    _, weight, bias, _ = _inputs(25, jnp.float32)
+
+    def grads(op):
+        return jax.jit(jax.vmap(jax.value_and_grad(op, argnums=(0, 1, 2)), in_axes=(0, None, None, 0)))
+
+    got = grads(
+        lambda x, w, b, y: liger_jax.fused_linear_cross_entropy(
+            x, w, y, bias=b, chunk_size=CHUNK, implementation=implementation
+        )
+    )(x, weight, bias, labels)
+    expected = grads(lambda x, w, b, y: liger_jax.fused_linear_cross_entropy_reference(x, w, y, bias=b))(
+        *harness.as_float64(x, weight, bias), labels
+    )
+    harness.assert_close_trees(got, expected, jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_leading_axes_and_return_z_loss(implementation):
+    x = _normal(26, (2, 11, H), jnp.float32)
+    labels = _labels(27, (2, 11), V)
+    _, weight, _, _ = _inputs(28, jnp.float32, "vh")
+    kwargs = {"z_loss_scale": 1e-2, "reduction": "none", "return_z_loss": True, "weight_layout": "vh"}
+    got = jax.jit(
+        lambda x, w, y: liger_jax.fused_linear_cross_entropy(
+            x, w, y, chunk_size=CHUNK, implementation=implementation, **kwargs
+        )
+    )(x, weight, labels)
+    expected = liger_jax.fused_linear_cross_entropy_reference(*harness.as_float64(x, weight), labels, **kwargs)
+    chex.assert_shape(got, [(2, 11), (2, 11)])
+    harness.assert_close_trees(got, expected, jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_bfloat16_accumulator_and_mixed_dtypes(implementation):
+    x, weight, bias, labels = _inputs(29, jnp.bfloat16)
+    weight = weight.astype(jnp.float32)  # an fp32 weight with bf16 activations: logits and dlogits in fp32
+
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_cross_entropy(
+            x, weight, labels, bias=bias, accum_dtype=jnp.bfloat16, chunk_size=CHUNK, implementation=implementation
+        )
+
+    _assert_matches_reference(op, (x, weight, bias), labels, jnp.bfloat16, _cotangent("mean"), logits_dtype=None)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_traced_out_of_range_labels_give_nan_loss_and_finite_gradients(implementation):
+    x, weight, bias, labels = _inputs(30, jnp.float32)
+    labels = labels.at[2].set(V).at[30].set(-7)
+
+    @jax.jit
+    def loss_and_grads(x, weight, labels):
+        return jax.value_and_grad(
+            lambda x, w: liger_jax.fused_linear_cross_entropy(
+                x, w, labels, reduction="sum", chunk_size=CHUNK, implementation=implementation
+            ),
+            argnums=(0, 1),
+        )(x, weight)
+
+    loss, (dx, dweight) = loss_and_grads(x, weight, labels)
+    assert np.isnan(loss)
+    harness.assert_all_finite(dx, dweight)
+    np.testing.assert_array_equal(dx[np.array([2, 30])], 0.0)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_checkpoint_gives_the_same_gradients(implementation):
+    x, weight, bias, labels = _inputs(31, jnp.float32)
+    harness.assert_checkpoint_gives_the_same_gradients(
+        lambda x, w: jnp.sin(
+            liger_jax.fused_linear_cross_entropy(x, w, labels, chunk_size=CHUNK, implementation=implementation)
+        ),
+        (x, weight),
+    )
+
+
+def test_empty_input_gives_zero_loss():
+    x = jnp.zeros((0, H), jnp.float32)
+    weight = jnp.ones((H, V), jnp.float32)
+    labels = jnp.zeros((0,), jnp.int32)
+    assert liger_jax.fused_linear_cross_entropy(x, weight, labels, implementation=harness.KERNEL_IMPLEMENTATION) == 0
+
+
+@pytest.mark.parametrize(
+    ("x", "weight", "labels", "kwargs", "error", "match"),
+    [
+        ((4, 8), (9, 10), (4,), {}, ValueError, r"weight must have shape \(8, 10\)"),
+        ((4, 8), (10, 9), (4,), {"weight_layout": "vh"}, ValueError, r"weight must have shape \(10, 8\)"),
+        ((4, 8), (8, 10), (4,), {"weight_layout": "hd"}, ValueError, "weight_layout"),
+        ((4, 8), (8, 10, 1), (4,), {}, ValueError, "weight must have 2 axes"),
+        ((4, 8), (8, 10), (4,), {"bias": jnp.ones(9, jnp.float32)}, ValueError, r"bias must have shape \(10,\)"),
+        ((4, 8), (8, 10), (4,), {"bias": jnp.ones(10, jnp.int32)}, TypeError, "bias must have a float dtype"),
+        ((4, 8), (8, 10), (3,), {}, ValueError, r"labels must have shape \(4,\)"),
+        ((4, 8), (8, 10), [0, 10, 1, 1], {}, ValueError, r"labels must be in \[0, 10\)"),
+        ((4, 8), (8, 10), (4,), {"chunk_size": 0}, ValueError, "chunk_size"),
+        ((4, 8), (8, 10), (4,), {"accum_dtype": jnp.int32}, TypeError, "accum_dtype"),
+        ((4, 8), (8, 10), (4,), {"reduction": "mean_over_tokens"}, ValueError, "reduction"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(x, weight, labels, kwargs, error, match):
+    labels = jnp.asarray(labels) if isinstance(labels, list) else jnp.zeros(labels, jnp.int32)
+    with pytest.raises(error, match=match):
+        liger_jax.fused_linear_cross_entropy(
+            jnp.ones(x, jnp.float32),
+            jnp.ones(weight, jnp.float32),
+            labels,
+            implementation=harness.KERNEL_IMPLEMENTATION,
+            **kwargs,
+        )
