@@ -10,6 +10,13 @@ import liger_jax
 from tests import harness
 from tests.test_cross_entropy import _labels, _normal
 
+
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+    """fp32 matmuls at full precision: a GPU's default (TF32) would be compared with a float64 oracle."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
 N, H, V = 45, 32, 300  # N is not a multiple of CHUNK; V spans two interpreter blocks and a partial third
 CHUNK = 16
 ALL_OPTIONS = {"label_smoothing": 0.1, "z_loss_scale": 1e-3, "softcap": 8.0, "ignore_index": 5}

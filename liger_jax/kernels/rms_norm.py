@@ -113,15 +113,22 @@ def rms_norm_bwd(
     col_mask = cols < n_cols
     scale = offset + tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
+    rows, offsets, mask = row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
     for tile in range(TILES_PER_PROGRAM):
-        first_row = (pid * TILES_PER_PROGRAM + tile) * BLOCK_ROWS
-        rows, offsets, mask = row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        dx, tile_dscale = _normalize_bwd(dy, x, rstd, scale, n_cols, CASTING)
+        # The next tile's loads are issued before this tile's arithmetic, so memory latency hides behind it.
+        next_first_row = first_row + (tile + 1) * BLOCK_ROWS
+        next_rows, next_offsets, next_mask = row_tile(next_first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        next_x = tl.load(x_ptr + next_offsets, mask=next_mask, other=0.0)
+        next_dy = tl.load(dy_ptr + next_offsets, mask=next_mask, other=0.0)
+        next_rstd = tl.load(rstd_ptr + next_rows, mask=next_rows < n_rows, other=0.0)
+        dx, tile_dscale = _normalize_bwd(dy.to(tl.float32), x, rstd, scale, n_cols, CASTING)
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dscale += tile_dscale
+        rows, offsets, mask, x, dy, rstd = next_rows, next_offsets, next_mask, next_x, next_dy, next_rstd
     tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=col_mask)
 
 
