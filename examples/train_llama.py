@@ -189,7 +189,7 @@ def train(args: argparse.Namespace) -> dict:
     del model  # the state now owns the parameters; the step donates them
     mesh = model_sharding.make_mesh(args.mesh) if args.mesh else None
     if mesh is not None:
-        state = model_sharding.shard_train_state(state, mesh)
+        state = model_sharding.shard_train_state(state, mesh, config)
     step = training.make_train_step(graphdef, optimizer)
     implementation = runtime.resolve_implementation(args.implementation) if args.liger else "flax"
     print(

@@ -60,9 +60,11 @@ def host_call(
     Returns:
         The results, one array per entry of ``result_shapes``. Should ``fn`` raise, its traceback goes to stderr
         and floating results come back NaN (integers as the dtype's max): XLA's CPU custom-call API has no
-        error channel that Python can reach.
+        error channel that Python can reach. On a non-CPU backend this is ``jax.pure_callback`` (not shardable).
     """
     results = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in result_shapes)
+    if jax.default_backend() != "cpu":  # the target is a CPU custom call; elsewhere (interpreting on a GPU host)
+        return tuple(jax.pure_callback(fn, results, *arrays))
     key = f"{next(_KEYS)}"
     _CALLS[key] = _Call(fn, tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays), results)
     call = jax.ffi.ffi_call(

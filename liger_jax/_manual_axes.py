@@ -21,7 +21,11 @@ def varying_axes(array: jax.Array) -> frozenset:
 def cast_to_varying(array: jax.Array, axes: frozenset) -> jax.Array:
     """``array`` typed as varying over ``axes`` too (``jax.lax.pcast``; a no-op when it already does)."""
     missing = tuple(sorted(axes - varying_axes(array)))
-    return jax.lax.pcast(array, missing, to="varying") if missing else array
+    if not missing:
+        return array
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(array, missing, to="varying")
+    return jax.lax.pvary(array, missing)  # jax before pcast
 
 
 def union_of(arrays: Sequence[jax.Array]) -> frozenset:

@@ -1,8 +1,14 @@
-"""Test setup: Triton's interpreter on machines without a GPU, float64 references, strict rank promotion."""
+"""Test setup: Triton's interpreter on machines without a GPU, 8 host devices, float64 references, strict rank
+promotion."""
 
 import os
 
-import jax
+# tests/test_sharding.py needs several devices: on CPU, XLA makes 8 of the host. Set before the backend starts (the
+# default_backend() call below starts it); one-device tests still run on the first.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+
+import jax  # noqa: E402
 
 if jax.default_backend() == "cpu":
     # Must precede the first import of triton: Triton decides at decoration time whether a kernel is interpreted.

@@ -17,6 +17,7 @@ def _exact_float32_matmuls():
     with jax.default_matmul_precision("highest"):
         yield
 
+
 N, H, V = 45, 32, 300  # N is not a multiple of CHUNK; V spans two interpreter blocks and a partial third
 CHUNK = 16
 ALL_OPTIONS = {"label_smoothing": 0.1, "z_loss_scale": 1e-3, "softcap": 8.0, "ignore_index": 5}

@@ -1,22 +1,26 @@
 """Data, fully-sharded data and tensor parallelism for :mod:`liger_jax.models.llama` on a device mesh.
 
-A mesh is written ``"dp=4,tp=2"``: axis names from :data:`AXES`, sizes multiplying to the number of devices.
+A mesh is written ``"dp=4,tp=2"``: axis names from :data:`AXES`; it takes the first devices (size product) of the
+machine.
 
 * ``dp`` (data parallel): the batch is split over it, parameters are replicated.
 * ``fsdp`` (fully sharded data parallel): the batch is split over it too, and every matrix is sharded on its
-  non-tensor-parallel axis; XLA gathers each weight where it is used and reduce-scatters its gradient.
+  non-tensor-parallel axis (the embedding on its vocabulary, with tp: sharding its hidden axis would shard the
+  activations' features, which XLA can then only undo by a full rematerialisation); XLA gathers each weight where
+  it is used and reduce-scatters its gradient.
 * ``tp`` (tensor parallel, Megatron): attention and MLP input projections are column-parallel (output features,
   i.e. heads and the MLP width, split), their output projections row-parallel (input features split), and the
   vocabulary of the embedding and LM head is split: the fused linear cross-entropy then runs vocab-parallel
   (:mod:`liger_jax.ops.vocab_parallel`), never gathering the head or the logits.
 
-Norm scales and anything not named below stay replicated; an axis whose size does not divide a dimension leaves
-that dimension whole. The optimizer's moments take the sharding of their parameter (they share its path). Axes
-are ``AxisType.Auto``: XLA propagates the shardings through the model and the liger kernels keep them.
+Norm scales and anything not named below stay replicated; an axis whose size does not divide a dimension (for the
+attention projections: the number of heads) leaves that dimension whole. The optimizer's moments take the sharding
+of their parameter (they share its path). Axes are ``AxisType.Auto``: XLA propagates the shardings through the
+model and the liger kernels keep them.
 
 Example:
     >>> mesh = make_mesh("dp=2,fsdp=2,tp=2")
-    >>> state = shard_train_state(state, mesh)
+    >>> state = shard_train_state(state, mesh, config)
     >>> tokens = jax.device_put(tokens, batch_sharding(mesh))
 """
 
@@ -28,6 +32,8 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from liger_jax.models.llama import LlamaConfig
 
 AXES = ("dp", "fsdp", "tp")
 # Parameter names (the module holding the array) by how tensor parallelism splits them.
@@ -55,26 +61,26 @@ def parse_mesh(spec: str) -> dict[str, int]:
 
 
 def make_mesh(spec: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The mesh ``spec`` describes (see :func:`parse_mesh`) over ``devices`` (default: all), axes Auto.
+    """The mesh ``spec`` describes (see :func:`parse_mesh`) over the first of ``devices`` (default: all), axes Auto.
 
     Raises:
-        ValueError: a bad spec, or sizes whose product is not the number of devices.
+        ValueError: a bad spec, or more devices than there are.
     """
     axes = parse_mesh(spec)
     devices = list(jax.devices() if devices is None else devices)
-    if math.prod(axes.values()) != len(devices):
-        raise ValueError(f"mesh {spec!r} has {math.prod(axes.values())} devices, but there are {len(devices)}")
-    grid = np.asarray(devices).reshape(tuple(axes.values()))
+    if math.prod(axes.values()) > len(devices):
+        raise ValueError(f"mesh {spec!r} needs {math.prod(axes.values())} devices, there are {len(devices)}")
+    grid = np.asarray(devices[: math.prod(axes.values())]).reshape(tuple(axes.values()))
     return Mesh(grid, tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
 
 
-def parameter_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+def parameter_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh, config: LlamaConfig) -> PartitionSpec:
     """The PartitionSpec of the array at ``path`` (its pytree key names) with ``shape``, following the rules above."""
     names = [name for name in path if name != "value"]
     owner, leaf = (names[-2], names[-1]) if len(names) >= 2 else (None, names[-1] if names else None)
     match leaf, len(shape):
         case "embedding", 2:  # [V, H]
-            axes = ("tp", "fsdp")
+            axes = (("tp", "fsdp"), None)
         case "kernel", 2 if owner in _COLUMN_PARALLEL:
             axes = ("fsdp", "tp")
         case "kernel", 2 if owner in _ROW_PARALLEL:
@@ -83,19 +89,28 @@ def parameter_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> Par
             axes = ("tp",)
         case _:
             axes = (None,) * len(shape)
+    # Heads are split whole: the tensor-parallel axis of an attention projection must divide its head count.
+    heads = {"q_proj": config.num_heads, "o_proj": config.num_heads}.get(owner, config.num_kv_heads)
+    if owner in {"q_proj", "k_proj", "v_proj", "o_proj"} and heads % mesh.shape.get("tp", 1):
+        axes = tuple(None if axis == "tp" else axis for axis in axes)
     return PartitionSpec(*(_axis_if_it_divides(axis, size, mesh) for axis, size in zip(axes, shape, strict=True)))
 
 
-def _axis_if_it_divides(axis: str | None, size: int, mesh: Mesh) -> str | None:
-    return axis if axis in mesh.shape and size % mesh.shape[axis] == 0 and mesh.shape[axis] > 1 else None
+def _axis_if_it_divides(axis: str | tuple[str, ...] | None, size: int, mesh: Mesh) -> str | tuple[str, ...] | None:
+    """The mesh axes among ``axis`` that this mesh has (of size > 1), if together they divide ``size``."""
+    axes = tuple(a for a in ((axis,) if isinstance(axis, str) else axis or ()) if mesh.shape.get(a, 1) > 1)
+    if not axes or size % math.prod(mesh.shape[a] for a in axes):
+        return None
+    return axes[0] if len(axes) == 1 else axes
 
 
-def shard_train_state(state, mesh: Mesh):
-    """``state`` (any pytree of arrays, e.g. a ``TrainState``) placed on ``mesh`` by :func:`parameter_spec`."""
+def shard_train_state(state, mesh: Mesh, config: LlamaConfig):
+    """``state`` (any pytree of arrays, e.g. a ``TrainState``) of the model of ``config`` placed on ``mesh`` by
+    :func:`parameter_spec`."""
 
     def place(path, leaf):
         names = [_key_name(key) for key in path]
-        return jax.device_put(leaf, NamedSharding(mesh, parameter_spec(names, np.shape(leaf), mesh)))
+        return jax.device_put(leaf, NamedSharding(mesh, parameter_spec(names, np.shape(leaf), mesh, config)))
 
     return jax.tree_util.tree_map_with_path(place, state)
 

@@ -9,8 +9,9 @@ The rule names every axis of every operand and result, einsum-style: ``"... d, d
 forward (``x [..., D], scale [D] -> y [..., D], rstd [...]``), where ``...`` stands for the leading (row) axes
 and may appear at the front of any tensor (the same number of axes in each). A factor may be sharded on any mesh
 axes unless it is ``replicated`` (a feature axis each launch needs whole: an operand sharded on it is gathered
-first, never silently misread). A result that lacks a shardable factor of the operands holds this shard's partial
-sums over it (dscale lacks the rows): they are summed across the mesh axes sharding that factor, in at least fp32.
+first, never silently misread). A result that lacks a factor is the same on every device along that factor's mesh
+axes (rstd lacks D; RoPE's k lacks q's heads), unless it is one of the ``partial_sums``: then it holds this shard's
+partial sums over the factors it lacks (dscale lacks the rows), summed across their mesh axes in at least fp32.
 A ``collective`` factor may be sharded too, but the launcher combines across it itself (vocabulary-parallel
 cross-entropy): it is called with ``axis_names={factor: mesh axes}`` and nothing is summed for it.
 
@@ -58,29 +59,31 @@ def partitioned(
     *,
     replicated: Collection[str] = (),
     collective: Collection[str] = (),
+    partial_sums: Collection[int] = (),
 ) -> Callable:
     """Gives a kernel-launching function a sharding rule, so it runs shard by shard under ``jit``.
 
     Args:
-        fn: ``fn(*arrays) -> array or pytree of arrays``, static settings closed over. Each result block must follow
-            from the operand blocks that share its factors (row-wise), or be partial sums of it (see below). With
-            ``collective`` factors it is called as ``fn(*arrays, axis_names=...)``.
+        fn: ``fn(*arrays) -> array or pytree of arrays``, static settings closed over. Each result block must
+            follow from the blocks of the operands it depends on, and depend on none sharded along a factor it
+            lacks, unless it is a partial sum. With ``collective`` factors it is called as
+            ``fn(*arrays, axis_names=...)``.
         rule: ``"operand, operand, ... -> result, ..."``, each a space-separated list of factor names, one per
             axis; ``...`` at the front of a tensor stands for any number of leading axes. Or a function of the
             operands returning that string, for launchers whose operands' roles depend on their ranks.
         replicated: factors each launch needs whole (feature axes): never sharded.
         collective: factors that may be sharded and that ``fn`` combines across itself: ``axis_names`` maps each
             one to the mesh axes sharding it in this launch (absent when it is whole).
+        partial_sums: positions (in the flattened results) of results that sum over the factors they lack.
 
     Returns:
-        A function of the same arrays and results. A result missing a factor (neither replicated nor collective)
-        that some operand has is taken to be partial sums over it, summed across the mesh axes sharding it.
+        A function of the same arrays and results, each result sharded as the factors it has are.
     """
-    replicated, collective = frozenset(replicated), frozenset(collective)
+    replicated, collective, partial_sums = frozenset(replicated), frozenset(collective), frozenset(partial_sums)
 
     @functools.cache
     def for_rule(rule: str, n_leading: int) -> tuple[_Layout, custom_partitioning]:
-        layout = _Layout.expand(*_parse(rule), n_leading, replicated, collective)
+        layout = _Layout.expand(*_parse(rule), n_leading, replicated, collective, partial_sums)
         op = custom_partitioning(functools.partial(_local, fn, layout))
         op.def_partition(
             partition=functools.partial(_partition, fn, layout),
@@ -89,7 +92,6 @@ def partitioned(
         )
         return layout, op
 
-    @functools.wraps(fn)
     def launch(*arrays):
         rule_now = rule(*arrays) if callable(rule) else rule
         layout, op = for_rule(rule_now, _leading_axes(_parse(rule_now)[0], arrays, rule_now))
@@ -137,50 +139,61 @@ class _Layout:
     results: tuple[tuple[str, ...], ...]
     replicated: frozenset[str]
     collective: frozenset[str]
+    partial_sums: frozenset[int]
 
     @classmethod
-    def expand(cls, operands, results, n_leading: int, replicated, collective) -> "_Layout":
+    def expand(cls, operands, results, n_leading: int, replicated, collective, partial_sums) -> "_Layout":
         leading = tuple(f"ellipsis{i}" for i in range(n_leading))
 
         def expanded(tensor):
             return leading + tensor[1:] if tensor[:1] == (_ELLIPSIS,) else tensor
 
-        return cls(tuple(map(expanded, operands)), tuple(map(expanded, results)), replicated, collective)
+        operands, results = tuple(map(expanded, operands)), tuple(map(expanded, results))
+        return cls(operands, results, replicated, collective, partial_sums)
 
     def summed_factors(self, result: int) -> frozenset[str]:
-        """The operand factors that result ``result`` holds partial sums over."""
+        """The operand factors that result ``result`` holds partial sums over (none unless it is a partial sum)."""
+        if result not in self.partial_sums:
+            return frozenset()
         operand_factors = {f for tensor in self.operands for f in tensor}
         return frozenset(operand_factors - self.replicated - self.collective - set(self.results[result]))
 
     def sharding_rule(self) -> SdyShardingRule:
         """The Shardy rule: factors absent from every result are reductions, ``replicated`` need replication."""
-        operand_factors = set().union(*self.operands)
-        result_factors = set().union(*self.results)
-        reductions = operand_factors - result_factors
+        # Shardy numbers factors in order of appearance and wants each special set in that order.
+        factors = list(dict.fromkeys(f for tensor in self.operands + self.results for f in tensor))
+        reductions = set().union(*self.operands) - set().union(*self.results) - self.replicated - self.collective
         return SdyShardingRule(
             operand_mappings=tuple(ArrayMapping(*tensor) for tensor in self.operands),
             result_mappings=tuple(ArrayMapping(*tensor) for tensor in self.results),
-            reduction_factors=tuple(sorted(reductions - self.replicated - self.collective)),
-            need_replication_factors=tuple(sorted(self.replicated & (operand_factors | result_factors))),
+            reduction_factors=tuple(f for f in factors if f in reductions),
+            need_replication_factors=tuple(f for f in factors if f in self.replicated),
         )
 
     def mesh_axes(self, mesh, operand_shapes) -> dict[str, tuple[str, ...]]:
         """Mesh axes per factor, taken from the first operand sharded on it.
 
-        A factor stays whole when its size does not divide evenly (padding would enter the partial sums) or when
-        its mesh axes already shard another factor.
+        A mesh axis that already shards another factor of a tensor the factor is in (any factor, for a collective
+        one: its combining must not mix blocks of other factors) is dropped from its axes, and the operand is
+        gathered along it (FSDP's weight gather). A factor stays whole when what is left does not divide its size
+        evenly (padding would enter the partial sums).
         """
         assigned: dict[str, tuple[str, ...]] = {}
-        used: set[str] = set()
         for tensor, shape in zip(self.operands, operand_shapes, strict=True):
             for factor, axes, size in zip(tensor, _dim_axes(shape), shape.shape, strict=True):
-                if not axes or factor in self.replicated or factor in assigned or used & set(axes):
+                if factor in self.replicated or factor in assigned:
                     continue
-                if size % math.prod(mesh.shape[axis] for axis in axes):
-                    continue
-                assigned[factor] = axes
-                used.update(axes)
+                axes = tuple(axis for axis in axes if axis not in self._taken(factor, assigned))
+                if axes and size % math.prod(mesh.shape[axis] for axis in axes) == 0:
+                    assigned[factor] = axes
         return assigned
+
+    def _taken(self, factor: str, assigned) -> set[str]:
+        """The mesh axes ``factor`` may not be sharded on, given the factors already ``assigned``."""
+        if factor in self.collective:
+            return set().union(*assigned.values())
+        neighbours = {f for tensor in self.operands + self.results if factor in tensor for f in tensor}
+        return set().union(*(axes for f, axes in assigned.items() if f in neighbours or f in self.collective))
 
     def shardings(self, mesh, tensors, assigned) -> list[NamedSharding]:
         """The NamedSharding of each tensor (a tuple of factor names) under ``assigned``."""

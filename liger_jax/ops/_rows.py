@@ -102,7 +102,12 @@ def row_launcher(
         )
         return tuple(_finished(spec, result, operands) for spec, result in zip(outputs, results, strict=True))
 
-    sharded = partitioned(launch, functools.partial(_sharding_rule, outputs, row_argnums), replicated=("d",))
+    sharded = partitioned(
+        launch,
+        functools.partial(_sharding_rule, outputs, row_argnums),
+        replicated=("d",),
+        partial_sums=[i for i, spec in enumerate(outputs) if isinstance(spec, ColumnSum)],
+    )
     return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=reduces_rows)
 
 

@@ -92,9 +92,8 @@ def cross_entropy(
     if implementation == "xla" or labels.size == 0:
         loss, z_loss = reduced_reference_losses(logits, labels, settings)
     else:
-        loss, z_loss = _cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), settings)
-        if reduction == "none":
-            loss, z_loss = loss.reshape(labels.shape), z_loss.reshape(labels.shape)
+        # Unflattened: merging a sharded sequence axis into the rows would make XLA gather them.
+        loss, z_loss = _cross_entropy(logits, labels, settings)
     # z_loss is for logging; its gradient flows through loss, which contains it.
     return (loss, jax.lax.stop_gradient(z_loss)) if return_z_loss else loss
 
@@ -122,7 +121,7 @@ def cross_entropy_reference(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _cross_entropy(logits, labels, settings):
-    """``(logits [N, V], labels [N]) -> (loss, z_loss)`` reduced; without differentiation only the losses."""
+    """``(logits [..., V], labels [...]) -> (loss, z_loss)`` reduced; without differentiation only the losses."""
     loss, z_loss = row_losses(settings)(logits, labels)
     return reduce_rows(loss, labels, settings), reduce_rows(z_loss, labels, settings)
 
@@ -136,7 +135,7 @@ def _cross_entropy_bwd(settings, residuals, cotangents):
     dlogits, labels = residuals
     loss_cotangent, _ = cotangents  # z_loss leaves cross_entropy through stop_gradient: its cotangent is zero
     if settings.reduction == "none":
-        loss_cotangent = loss_cotangent[:, None]
+        loss_cotangent = loss_cotangent[..., None]
     dlogits = (dlogits * loss_cotangent.astype(jnp.float32)).astype(dlogits.dtype)
     return dlogits, np.zeros(labels.shape, jax.dtypes.float0)
 

@@ -71,7 +71,9 @@ def fused_linear_cross_entropy(
 
     Numerics: loss math as :func:`liger_jax.cross_entropy` (fp32 softmax whatever the dtype); logits and their
     gradient in ``result_type(x, weight)``; ``dweight``/``dbias`` summed over chunks in ``accum_dtype`` (fp32 by
-    default; bf16 accumulation drifts, Liger #512) and rounded once to their parameter's dtype.
+    default; bf16 accumulation drifts, Liger #512) and rounded once to their parameter's dtype. The matmuls follow
+    jax's matmul precision like any ``jnp.dot``: fp32 inputs run as TF32 on NVIDIA GPUs unless
+    ``jax.default_matmul_precision("highest")`` is set.
 
     Args:
         x: ``[..., H]`` float32, bfloat16 or float16 (float64 too under ``"xla"``); each leading index is a row.
@@ -124,21 +126,19 @@ def fused_linear_cross_entropy(
             _logits_reference(x, weight, bias, weight_layout, None), labels, settings
         )
     else:
-        rows = x.reshape(-1, x.shape[-1])
         logits_dtype = jnp.dtype(jnp.result_type(x.dtype, weight.dtype))
         plan = _ChunkPlan(
             settings=settings,
             weight_layout=weight_layout,
-            chunk_rows=min(int(chunk_size or default_chunk_rows(n_classes, logits_dtype.itemsize)), len(rows)),
+            chunk_rows=min(int(chunk_size or default_chunk_rows(n_classes, logits_dtype.itemsize)), labels.size),
             logits_dtype=logits_dtype,
             accum_dtype=jnp.dtype(accum_dtype),
             x_dtype=x.dtype,
             weight_dtype=weight.dtype,
             bias_dtype=None if bias is None else bias.dtype,
         )
-        loss, z_loss = _fused_linear_cross_entropy(rows, weight, bias, labels.reshape(-1), plan)
-        if reduction == "none":
-            loss, z_loss = loss.reshape(labels.shape), z_loss.reshape(labels.shape)
+        # Unflattened: merging a sharded sequence axis into the rows would make XLA gather them.
+        loss, z_loss = _fused_linear_cross_entropy(x, weight, bias, labels, plan)
     # z_loss is for logging; its gradient flows through loss, which contains it.
     return (loss, jax.lax.stop_gradient(z_loss)) if return_z_loss else loss
 
@@ -325,7 +325,7 @@ def _chunk_grads(x_chunk, weight, dlogits, plan):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _fused_linear_cross_entropy(x, weight, bias, labels, plan):
-    """``(x [N, H], weight, bias, labels [N]) -> (loss, z_loss)`` reduced; without differentiation only losses."""
+    """``(x [..., H], weight, bias, labels [...]) -> (loss, z_loss)`` reduced; without differentiation only losses."""
     results = _run_chunks(x, weight, bias, labels, None, plan)
     return _reduced(results, labels, plan.settings)
 

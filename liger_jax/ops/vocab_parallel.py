@@ -23,23 +23,26 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._cross_entropy_rows import LossSettings
 from liger_jax.ops._partitioning import partitioned
 
 
 def sharded_chunks(run_chunks: Callable, plan, has_bias: bool, has_grads: bool) -> Callable:
-    """FLCE's chunk loop, partitioned over rows and (collectively) over the vocabulary.
+    """FLCE's chunk loop, partitioned over rows and (collectively) over the vocabulary, and vmap-able.
 
     Args:
         run_chunks: ``run_chunks(x [N, H], weight, bias, labels [N], grad_scale [N], plan, vocab_axes)`` returning
-            FLCE's chunk results ``(loss, z_loss, dx, dweight, dbias)`` (None where absent); with ``vocab_axes``
-            the weight (and bias) it gets are that device's vocabulary slice.
+            FLCE's chunk results ``(loss, z_loss, dx, dweight, dbias)`` (a NamedTuple, None where absent); with
+            ``vocab_axes`` the weight (and bias) it gets are that device's vocabulary slice.
         plan: FLCE's static chunk plan (hashable; ``plan.weight_layout`` is ``"hv"`` or ``"vh"``).
         has_bias: whether a bias is passed.
         has_grads: whether ``grad_scale`` is passed (and the gradients come back).
 
     Returns:
-        ``fn(x, weight, [bias], labels, [grad_scale])`` with run_chunks' results, for any sharding of its operands.
+        ``fn(x [..., H], weight, [bias], labels [...], [grad_scale [...]])`` with run_chunks' results (losses
+        ``[...]``, dx ``[..., H]``), for any sharding of its operands; ``jax.vmap`` folds a batch into the rows,
+        or maps over examples when the gradients are wanted (dweight sums over each example's rows).
     """
     return _sharded_chunks(run_chunks, plan, has_bias, has_grads)
 
@@ -47,17 +50,26 @@ def sharded_chunks(run_chunks: Callable, plan, has_bias: bool, has_grads: bool) 
 @functools.cache
 def _sharded_chunks(run_chunks, plan, has_bias, has_grads):
     weight = "h v" if plan.weight_layout == "hv" else "v h"
-    operands = ["n h", weight, *(["v"] if has_bias else []), "n", *(["n"] if has_grads else [])]
-    grads = ["n h", weight, *(["v"] if has_bias else [])] if has_grads else []
-    rule = f"{', '.join(operands)} -> {', '.join(['n', 'n', *grads])}"
+    operands = ["... h", weight, *(["v"] if has_bias else []), "...", *(["..."] if has_grads else [])]
+    grads = ["... h", weight, *(["v"] if has_bias else [])] if has_grads else []
+    rule = f"{', '.join(operands)} -> {', '.join(['...', '...', *grads])}"
 
     def local(*arrays, axis_names):
         x, weight, *rest = arrays
         bias = rest.pop(0) if has_bias else None
-        labels, grad_scale = rest[0], rest[1] if has_grads else None
-        return run_chunks(x, weight, bias, labels, grad_scale, plan, vocab_axes=axis_names.get("v", ()))
+        labels, grad_scale = rest[0], rest[1].reshape(-1) if has_grads else None
+        rows = x.reshape(-1, x.shape[-1])
+        results = run_chunks(rows, weight, bias, labels.reshape(-1), grad_scale, plan, axis_names.get("v", ()))
+        return results._replace(
+            loss=results.loss.reshape(labels.shape),
+            z_loss=results.z_loss.reshape(labels.shape),
+            dx=None if results.dx is None else results.dx.reshape(x.shape),
+        )
 
-    return partitioned(local, rule, replicated=("h",), collective=("v",))
+    # dweight and dbias (results 3 and 4) sum over the rows.
+    sharded = partitioned(local, rule, replicated=("h",), collective=("v",), partial_sums=(3, 4) if has_grads else ())
+    row_argnums = (0, len(operands) - 2, len(operands) - 1) if has_grads else (0, len(operands) - 1)
+    return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=has_grads)
 
 
 def row_losses_and_grads(settings: LossSettings, axes: Sequence[str]) -> Callable:
@@ -115,7 +127,8 @@ def _losses_and_grads(logits, labels, grad_scale, settings: LossSettings, axes):
     probabilities = jnp.exp(capped - lse[..., None])
     smoothing = settings.label_smoothing
     dcapped = probabilities * (1.0 + 2.0 * settings.z_loss_scale * lse)[..., None] - smoothing / n_classes
-    is_target = held_here[..., None] & (jnp.arange(capped.shape[-1]) == local_label[..., None])
+    classes = jax.lax.broadcasted_iota(local_label.dtype, capped.shape, capped.ndim - 1)
+    is_target = held_here[..., None] & (classes == local_label[..., None])
     dcapped = dcapped - (1.0 - smoothing) * is_target
     if settings.softcap is not None:
         dcapped = dcapped * (1.0 - jnp.square(capped / settings.softcap))
