@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One call on the H200: what a session has to check there, each part under its own time limit, logs in one folder.
+#
+#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]     (default: all four, in that order)
+#
+# Run from the repository root after installing the carried jax-triton wheel on PYTHONPATH. Parts:
+#   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton, then the convergence test at the mini config
+#   example  the main job (tiny preset) with and without liger: tokens/s and peak memory in OUT/example-*/summary.json
+#   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 400)
+#   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger)
+set -uo pipefail
+out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]}
+shift
+parts=("$@")
+[[ ${#parts[@]} -eq 0 ]] && parts=(tests example suite e2e)
+mkdir -p "$out"
+
+for part in "${parts[@]}"; do
+  echo "== $part ($(date -u +%H:%M:%S))"
+  case $part in
+    tests)
+      LIGER_JAX_IMPLEMENTATION=triton timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest tests -q -p no:cacheprovider \
+        -rf --durations=10 >"$out/tests.log" 2>&1
+      grep -E "passed|failed|FAILED|error" "$out/tests.log" | tail -20
+      LIGER_JAX_CONVERGENCE=mini LIGER_JAX_IMPLEMENTATION=triton timeout 150 python3 -m pytest tests/test_convergence.py \
+        -q -p no:cacheprovider -rf >"$out/convergence.log" 2>&1
+      tail -3 "$out/convergence.log"
+      ;;
+    example)
+      for swap in --liger --no-liger; do
+        timeout 120 python3 examples/train_llama.py "$swap" --steps 100 --out "$out/example$swap" \
+          >"$out/example$swap.log" 2>&1
+        tail -4 "$out/example$swap.log"
+      done
+      ;;
+    suite)
+      PYTHONUNBUFFERED=1 python3 -m benchmarks.suite --out "$out/suite" --budget-s "${SUITE_BUDGET_S:-400}" \
+        >"$out/suite.log" 2>&1
+      sed -n '/## Targets/,/^Times are/p' "$out/suite/RESULTS.md"
+      ;;
+    e2e)
+      PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --out "$out/e2e" --budget-s "${E2E_BUDGET_S:-450}" \
+        >"$out/e2e.log" 2>&1
+      tail -8 "$out/e2e.log"
+      ;;
+    *)
+      echo "unknown part: $part (tests, example, suite, e2e)" >&2
+      exit 2
+      ;;
+  esac
+done
