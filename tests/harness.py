@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from liger_jax import runtime
 
@@ -109,3 +110,15 @@ def assert_all_finite(*trees) -> None:
     """Asserts every element is finite: outputs start as NaN under the interpreter, so unwritten ones show."""
     for leaf in jax.tree.leaves(trees):
         assert np.isfinite(np.asarray(leaf, dtype=np.float64)).all()
+
+
+def assert_call_raises(error, match: str, op, shapes, dtypes=jnp.float32, **kwargs) -> None:
+    """Asserts ``op`` raises ``error`` matching ``match`` on ``jnp.ones`` operands of ``shapes`` (None passes None).
+
+    ``dtypes`` is one dtype for every operand or one per operand; ``kwargs`` go to ``op``, with the kernel
+    implementation unless they name another.
+    """
+    dtypes = dtypes if isinstance(dtypes, (tuple, list)) else (dtypes,) * len(shapes)
+    operands = [None if shape is None else jnp.ones(shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    with pytest.raises(error, match=match):
+        op(*operands, **({"implementation": KERNEL_IMPLEMENTATION} | kwargs))

@@ -150,10 +150,7 @@ def test_empty_input_gives_empty_outputs():
     ],
 )
 def test_bad_shapes_and_settings_raise_value_errors(x, residual, scale, kwargs, match):
-    kwargs = {"implementation": harness.KERNEL_IMPLEMENTATION} | kwargs
-    x, residual, scale = (jnp.ones(shape, jnp.float32) for shape in (x, residual, scale))
-    with pytest.raises(ValueError, match=match):
-        liger_jax.fused_add_rms_norm(x, residual, scale, **kwargs)
+    harness.assert_call_raises(ValueError, match, liger_jax.fused_add_rms_norm, (x, residual, scale), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -167,10 +164,5 @@ def test_bad_shapes_and_settings_raise_value_errors(x, residual, scale, kwargs, 
     ],
 )
 def test_bad_dtypes_raise_type_errors(x_dtype, residual_dtype, scale_dtype, match):
-    with pytest.raises(TypeError, match=match):
-        liger_jax.fused_add_rms_norm(
-            jnp.ones((2, 8), x_dtype),
-            jnp.ones((2, 8), residual_dtype),
-            jnp.ones(8, scale_dtype),
-            implementation=harness.KERNEL_IMPLEMENTATION,
-        )
+    dtypes = (x_dtype, residual_dtype, scale_dtype)
+    harness.assert_call_raises(TypeError, match, liger_jax.fused_add_rms_norm, ((2, 8), (2, 8), 8), dtypes)

@@ -144,9 +144,7 @@ def test_empty_input_gives_empty_output():
     ],
 )
 def test_bad_shapes_and_settings_raise_clear_errors(x, scale, kwargs, error, match):
-    kwargs = {"implementation": harness.KERNEL_IMPLEMENTATION} | kwargs
-    with pytest.raises(error, match=match):
-        liger_jax.rms_norm(jnp.ones(x, jnp.float32), jnp.ones(scale, jnp.float32), **kwargs)
+    harness.assert_call_raises(error, match, liger_jax.rms_norm, (x, scale), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +156,4 @@ def test_bad_shapes_and_settings_raise_clear_errors(x, scale, kwargs, error, mat
     ],
 )
 def test_bad_dtypes_raise_type_errors(x_dtype, scale_dtype, match):
-    with pytest.raises(TypeError, match=match):
-        liger_jax.rms_norm(
-            jnp.ones((2, 8), x_dtype), jnp.ones(8, scale_dtype), implementation=harness.KERNEL_IMPLEMENTATION
-        )
+    harness.assert_call_raises(TypeError, match, liger_jax.rms_norm, ((2, 8), 8), (x_dtype, scale_dtype))

@@ -160,6 +160,16 @@ def _leading_specs_match(output, reference) -> bool:
     return leading(output) == leading(reference)
 
 
+def _assert_partitioned(case, arrays, program, sharded, cotangent, expected):
+    """``program`` on the sharded operands gives ``expected``, with rows sharded like the first operand's."""
+    outputs, grads = program(sharded, cotangent)
+    _assert_trees_close((outputs, grads), expected)
+    _assert_rows_sharded_like((outputs, grads), sharded[0])
+    # Only the weights' gradient partials (and scalars) cross devices; no activation is gathered.
+    weights = [a for a in arrays[case.n_rows :] if _is_float(a)]
+    assert_only_small_all_reduces(compiled_collectives(program, sharded, cotangent), nbytes(*weights) + 64)
+
+
 @pytest.mark.parametrize("mesh_shape,spec", ROW_CASES, ids=[f"{m}-{s}" for m, s in ROW_CASES])
 @pytest.mark.parametrize("name", CASES)
 def test_op_partitions_under_jit(name, mesh_shape, spec):
@@ -170,12 +180,7 @@ def test_op_partitions_under_jit(name, mesh_shape, spec):
     program = _vjp_program(case)
     expected = program(arrays, cotangent)
     sharded, cotangent = _sharded(case, arrays, mesh_, spec), _sharded_like_rows(cotangent, mesh_, spec)
-    outputs, grads = program(sharded, cotangent)
-    _assert_trees_close((outputs, grads), expected)
-    _assert_rows_sharded_like((outputs, grads), sharded[0])
-    # Only the weights' gradient partials (and scalars) cross devices; no activation is gathered.
-    weights = [a for a in arrays[case.n_rows :] if _is_float(a)]
-    assert_only_small_all_reduces(compiled_collectives(program, sharded, cotangent), nbytes(*weights) + 64)
+    _assert_partitioned(case, arrays, program, sharded, cotangent, expected)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -187,12 +192,7 @@ def test_op_partitions_on_explicit_axes(name):
     expected = _vjp_program(case)(arrays, cotangent)
     sharded, cotangent = _sharded(case, arrays, mesh_, ("x", "y")), _sharded_like_rows(cotangent, mesh_, ("x", "y"))
     with jax.set_mesh(mesh_):
-        program = _vjp_program(case)
-        outputs, grads = program(sharded, cotangent)
-        _assert_trees_close((outputs, grads), expected)
-        _assert_rows_sharded_like((outputs, grads), sharded[0])
-        weights = [a for a in arrays[case.n_rows :] if _is_float(a)]
-        assert_only_small_all_reduces(compiled_collectives(program, sharded, cotangent), nbytes(*weights) + 64)
+        _assert_partitioned(case, arrays, _vjp_program(case), sharded, cotangent, expected)
 
 
 @pytest.mark.parametrize("name", CASES)

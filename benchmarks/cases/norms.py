@@ -28,6 +28,21 @@ def _no_flops() -> dict[str, float]:
     return {"forward": 0.0, "backward": 0.0, "full": 0.0}
 
 
+def _row_case(op: str, params, dtype: str, make_inputs, diff_argnums, bytes_moved, torch_program) -> Case:
+    """A bandwidth-bound row-wise ``op``: its liger_jax kernel and its XLA reference, no matmul flops."""
+    return Case(
+        op,
+        params,
+        dtype,
+        make_inputs,
+        diff_argnums,
+        {LIGER_JAX: kernel_provider(op), XLA: xla_provider(op)},
+        bytes_moved,
+        _no_flops(),
+        torch_program,
+    )
+
+
 def rms_norm_case(params, dtype: str) -> Case:
     """``rms_norm(x, scale)``: forward reads x, writes y; backward reads dy and x, writes dx (3 passes)."""
     rows, cols = params["tokens"], params["hidden"]
@@ -45,17 +60,8 @@ def rms_norm_case(params, dtype: str) -> Case:
             (0, 1),
         )
 
-    return Case(
-        "rms_norm",
-        params,
-        dtype,
-        make_inputs,
-        (0, 1),
-        {LIGER_JAX: kernel_provider("rms_norm"), XLA: xla_provider("rms_norm")},
-        _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=1),
-        _no_flops(),
-        torch_program,
-    )
+    bytes_moved = _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=1)
+    return _row_case("rms_norm", params, dtype, make_inputs, (0, 1), bytes_moved, torch_program)
 
 
 def layer_norm_case(params, dtype: str) -> Case:
@@ -80,17 +86,8 @@ def layer_norm_case(params, dtype: str) -> Case:
             (0, 1, 2),
         )
 
-    return Case(
-        "layer_norm",
-        params,
-        dtype,
-        make_inputs,
-        (0, 1, 2),
-        {LIGER_JAX: kernel_provider("layer_norm"), XLA: xla_provider("layer_norm")},
-        _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=2),
-        _no_flops(),
-        torch_program,
-    )
+    bytes_moved = _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=2)
+    return _row_case("layer_norm", params, dtype, make_inputs, (0, 1, 2), bytes_moved, torch_program)
 
 
 def fused_add_rms_norm_case(params, dtype: str) -> Case:
@@ -121,17 +118,8 @@ def fused_add_rms_norm_case(params, dtype: str) -> Case:
             (0, 1, 2),
         )
 
-    return Case(
-        "fused_add_rms_norm",
-        params,
-        dtype,
-        make_inputs,
-        (0, 1, 2),
-        {LIGER_JAX: kernel_provider("fused_add_rms_norm"), XLA: xla_provider("fused_add_rms_norm")},
-        _bytes(params, dtype, forward_passes=4, backward_passes=4, n_params=1),
-        _no_flops(),
-        torch_program,
-    )
+    bytes_moved = _bytes(params, dtype, forward_passes=4, backward_passes=4, n_params=1)
+    return _row_case("fused_add_rms_norm", params, dtype, make_inputs, (0, 1, 2), bytes_moved, torch_program)
 
 
 OPS = [

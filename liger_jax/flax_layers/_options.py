@@ -1,4 +1,5 @@
-"""Checks that a Flax module's options are ones the kernels compute exactly, so a drop-in never silently differs."""
+"""Checks that a Flax module's options are ones the kernels compute exactly, so a drop-in never silently differs;
+and the cross-entropy options the nnx and linen loss modules hold, gathered for the ops."""
 
 from collections.abc import Sequence
 
@@ -37,3 +38,11 @@ def check_normalization(module: str, layer, ndim: int, mask) -> None:
     check_last_axis(module, "feature_axes", layer.feature_axes, ndim)
     if not getattr(layer, "force_float32_reductions", True):
         raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")
+
+
+LOSS_OPTION_NAMES = ("ignore_index", "label_smoothing", "z_loss_scale", "softcap", "reduction", "return_z_loss")
+
+
+def loss_options(module) -> dict:
+    """The :func:`liger_jax.cross_entropy` options (and ``implementation``) held as attributes of ``module``."""
+    return {name: getattr(module, name) for name in LOSS_OPTION_NAMES} | {"implementation": module.implementation}

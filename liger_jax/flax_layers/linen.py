@@ -157,12 +157,6 @@ class GEGLUMLP(_GatedMLP):
     _gate = staticmethod(geglu)
 
 
-def _loss_options(module: nn.Module) -> dict:
-    """The :func:`liger_jax.cross_entropy` options held as fields of ``module``."""
-    names = ("ignore_index", "label_smoothing", "z_loss_scale", "softcap", "reduction", "return_z_loss")
-    return {name: getattr(module, name) for name in names} | {"implementation": module.implementation}
-
-
 class CrossEntropyLoss(nn.Module):
     """:func:`liger_jax.cross_entropy` as a module (Liger's ``LigerCrossEntropyLoss``); no params.
 
@@ -182,7 +176,7 @@ class CrossEntropyLoss(nn.Module):
 
     def __call__(self, logits: jax.Array, labels: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
         """The loss of ``logits [..., V]`` against integer ``labels [...]``, as :func:`liger_jax.cross_entropy`."""
-        return cross_entropy(logits, labels, **_loss_options(self))
+        return cross_entropy(logits, labels, **_options.loss_options(self))
 
 
 class FusedLinearCrossEntropy(nn.Module):
@@ -249,5 +243,5 @@ class FusedLinearCrossEntropy(nn.Module):
             weight_layout=layout,
             accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
-            **_loss_options(self),
+            **_options.loss_options(self),
         )

@@ -190,10 +190,6 @@ class _CrossEntropyOptions(nnx.Module):
         self.return_z_loss = return_z_loss
         self.implementation = implementation
 
-    def _loss_options(self) -> dict:
-        names = ("ignore_index", "label_smoothing", "z_loss_scale", "softcap", "reduction", "return_z_loss")
-        return {name: getattr(self, name) for name in names} | {"implementation": self.implementation}
-
 
 class CrossEntropyLoss(_CrossEntropyOptions):
     """:func:`liger_jax.cross_entropy` as a module (Liger's ``LigerCrossEntropyLoss``); no params.
@@ -207,7 +203,7 @@ class CrossEntropyLoss(_CrossEntropyOptions):
 
     def __call__(self, logits: jax.Array, labels: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
         """The loss of ``logits [..., V]`` against integer ``labels [...]``, as :func:`liger_jax.cross_entropy`."""
-        return cross_entropy(logits, labels, **self._loss_options())
+        return cross_entropy(logits, labels, **_options.loss_options(self))
 
 
 class FusedLinearCrossEntropy(_CrossEntropyOptions):
@@ -277,5 +273,5 @@ class FusedLinearCrossEntropy(_CrossEntropyOptions):
             weight_layout=layout,
             accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
-            **self._loss_options(),
+            **_options.loss_options(self),
         )

@@ -81,8 +81,12 @@ def register_swap(cls: type, make_replacement: MakeReplacement, *, kind: str = "
         raise TypeError(f"cls must be a flax.nnx.Module or flax.linen.Module subclass, got {cls!r}")
 
 
-def _enabled_kinds(**switches: bool) -> frozenset[str]:
-    return frozenset(kind for kind, on in switches.items() if on)
+def _enabled_kinds(implementation: runtime.Implementation | None, *switches: bool) -> frozenset[str]:
+    """Validates ``implementation`` (when given) and returns the kinds whose switch is on (``switches`` in
+    :data:`KINDS` order)."""
+    if implementation is not None:
+        runtime.resolve_implementation(implementation)
+    return frozenset(kind for kind, on in zip(KINDS, switches, strict=True) if on)
 
 
 def apply_liger(
@@ -124,16 +128,7 @@ def apply_liger(
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
-    if implementation is not None:
-        runtime.resolve_implementation(implementation)
-    enabled = _enabled_kinds(
-        rms_norm=rms_norm,
-        layer_norm=layer_norm,
-        swiglu=swiglu,
-        rope=rope,
-        fused_linear_cross_entropy=fused_linear_cross_entropy,
-        custom=custom,
-    )
+    enabled = _enabled_kinds(implementation, rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom)
     swap = _NNX_SWAPS.get(type(model))
     if swap is not None and swap.kind in enabled:
         raise ValueError(
@@ -279,16 +274,7 @@ def liger_intercept(
         ``{kind: number of intercepted calls}``, counted as modules are traced (a call inside a jitted function
         counts once per trace).
     """
-    if implementation is not None:
-        runtime.resolve_implementation(implementation)
-    enabled = _enabled_kinds(
-        rms_norm=rms_norm,
-        layer_norm=layer_norm,
-        swiglu=swiglu,
-        rope=rope,
-        fused_linear_cross_entropy=fused_linear_cross_entropy,
-        custom=custom,
-    )
+    enabled = _enabled_kinds(implementation, rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom)
     counts = dict.fromkeys(KINDS, 0)
 
     def interceptor(next_fun, args, kwargs, context):
