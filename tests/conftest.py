@@ -9,6 +9,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 if jax.default_backend() == "cpu":
     # Must precede the first import of triton: Triton decides at decoration time whether a kernel is interpreted.
@@ -16,3 +17,10 @@ if jax.default_backend() == "cpu":
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def full_precision_matmuls():
+    """fp32 matmuls at fp32 (not TF32 on GPUs), so that comparisons with an oracle see only the kernels' errors."""
+    with jax.default_matmul_precision("highest"):
+        yield

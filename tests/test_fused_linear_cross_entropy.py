@@ -10,12 +10,7 @@ import liger_jax
 from tests import harness
 from tests.test_cross_entropy import _labels, _normal
 
-
-@pytest.fixture(autouse=True)
-def _exact_float32_matmuls():
-    """fp32 matmuls at full precision: a GPU's default (TF32) would be compared with a float64 oracle."""
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
 
 N, H, V = 45, 32, 300  # N is not a multiple of CHUNK; V spans two interpreter blocks and a partial third

@@ -18,11 +18,7 @@ IMPLEMENTATION = harness.KERNEL_IMPLEMENTATION
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
 
-@pytest.fixture(autouse=True)
-def _full_precision_matmuls():
-    """fp32 matmuls at fp32 (not TF32 on GPUs), so that the comparisons see only the kernels' differences."""
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
 
 def _model(seed=0, **overrides):

@@ -21,11 +21,7 @@ IMPLEMENTATION = harness.KERNEL_IMPLEMENTATION
 FEATURES = 24
 
 
-@pytest.fixture(autouse=True)
-def _full_precision_matmuls():
-    """fp32 matmuls at fp32 (not TF32 on GPUs), so that the comparisons see only the kernels' differences."""
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
 
 class GatedMLP(nnx.Module):

@@ -51,7 +51,7 @@ def vocab_tiling(n_cols: int, implementation: str) -> VocabTiling:
     limit = INTERPRETER_MAX_BLOCK_V if implementation == "interpret" else MAX_BLOCK_V
     block_v = min(limit, _tiling.next_power_of_2(n_cols))
     # Short rows share a program so each still moves a few thousand elements (one row per program from 4096 up).
-    block_rows = max(1, min(_tiling.MAX_BLOCK_ROWS, _tiling.TILE_ELEMENTS // block_v))
+    block_rows = _tiling.rows_per_tile(block_v)
     # 32 values per thread at the largest tile; at least 4 warps so small tiles still fill a scheduler.
     num_warps = max(4, min(32, block_rows * block_v // 1024))
     return VocabTiling(block_rows, block_v, _tiling.cdiv(n_cols, block_v), num_warps)

@@ -24,6 +24,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def rows_per_tile(block_cols: int, tile_elements: int = TILE_ELEMENTS) -> int:
+    """How many rows of ``block_cols`` share a tile of about ``tile_elements`` (1 to MAX_BLOCK_ROWS)."""
+    return max(1, min(MAX_BLOCK_ROWS, tile_elements // block_cols))
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ints."""
     return -(-a // b)
@@ -48,7 +53,7 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False) -> RowTiling:
     the kernels that walk tiles and sum over rows want 8 warps and 2 programs per SM from D = 4096.
     """
     block_d = next_power_of_2(n_cols)
-    block_rows = max(1, min(MAX_BLOCK_ROWS, ROW_TILE_ELEMENTS // block_d))
+    block_rows = rows_per_tile(block_d, ROW_TILE_ELEMENTS)
     tile = block_rows * block_d
     num_warps = max(4, min(16, tile // 2048))
     if reduces_rows and block_d >= 4096:
