@@ -10,8 +10,8 @@ attention for both (liger swaps RMSNorm, RoPE, SwiGLU and the LM head's loss, no
   linear fit, checked at the predicted batch and one more), then run; on an OOM one batch less is tried.
 
 The probes only compile (autotuning off: no GPU work), so they run in the background, beside the suite's ops
-phase. Then each provider gets one trial process: the same batch, then the largest, continuing from the trained
-state, so its peaks are a fresh process's (the largest batch's peak is the process's maximum, reached then).
+phase. Then each provider gets two trial processes, the same batch and then the largest, so each peak is a fresh
+process's (and the largest step does not meet the cached buffers of the smaller one).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ def _env(probe: bool) -> dict[str, str]:
 
 def _command(args: argparse.Namespace, action: str, provider: str, max_batch: int | None = None) -> list[str]:
     command = [sys.executable, "-m", "benchmarks.e2e_trial", action, "--provider", provider]
-    command += ["--batch", str(args.batch), "--config", args.config, "--seq", str(args.seq)]
+    command += ["--batch", str(max_batch or args.batch), "--config", args.config, "--seq", str(args.seq)]
     command += ["--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.attention:
         command += ["--attention", args.attention]
     if max_batch:
-        command += ["--max-batch", str(max_batch)]
+        command += ["--phase", "max_batch"]
     if action == "probe" and args.capacity_from_batch:
         command += ["--capacity-from-batch", str(args.capacity_from_batch)]
     return command
@@ -64,21 +64,35 @@ def _rows(stdout: str, returncode: int, stderr: str) -> list[dict[str, Any]]:
 def _run(
     args: argparse.Namespace, provider: str, max_batch: int | None, deadline: float, share: float
 ) -> list[dict[str, Any]]:
-    """The trial's rows: the same batch, then ``max_batch``; a row saying why, where it ended early.
+    """The provider's rows: the same batch, then ``max_batch``, each in a fresh process; a row saying why, where
+    one ended early.
 
-    The trial may take ``share`` of the time left before ``deadline`` (so the next provider keeps its turn).
+    The two may take ``share`` of the time left before ``deadline`` (so the next provider keeps its turn), the
+    same-batch run at most half of it.
     """
-    timeout = min(TRIAL_TIMEOUT_S, share * (deadline - time.monotonic()))
-    if timeout < 20:
-        return [{"phase": "same_batch", "batch": args.batch, "status": "skipped: time budget"}]
+    provider_deadline = time.monotonic() + share * (deadline - time.monotonic())
     print(f"e2e: {provider}: batch {args.batch}, then {max_batch or 'no largest batch'}", flush=True)
+    rows = _trial(args, provider, None, "same_batch", 0.5 * (provider_deadline - time.monotonic()))
+    if max_batch:
+        rows += _trial(args, provider, max_batch, "max_batch", provider_deadline - time.monotonic())
+    return rows
+
+
+def _trial(
+    args: argparse.Namespace, provider: str, max_batch: int | None, phase: str, time_s: float
+) -> list[dict[str, Any]]:
+    """The rows of one ``e2e_trial run`` process, given at most ``time_s`` (TRIAL_TIMEOUT_S)."""
+    batch = max_batch or args.batch
+    timeout = min(TRIAL_TIMEOUT_S, time_s)
+    if timeout < 20:
+        return [{"phase": phase, "batch": batch, "status": "skipped: time budget"}]
     command = _command(args, "run", provider, max_batch)
     try:
         done = subprocess.run(command, env=_env(False), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as expired:
         stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout or ""
-        rows = _rows(stdout, 0, "")
-        return [*rows, {"phase": "max_batch", "batch": max_batch, "status": f"error: timed out after {timeout:.0f} s"}]
+        timed_out = {"phase": phase, "batch": batch, "status": f"error: timed out after {timeout:.0f} s"}
+        return [*_rows(stdout, 0, ""), timed_out]
     return _rows(done.stdout, done.returncode, done.stderr)
 
 

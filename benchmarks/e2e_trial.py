@@ -1,9 +1,11 @@
 """One end-to-end trial, in its own process: a Llama training step with or without liger, timed or sized.
 
-``python -m benchmarks.e2e_trial run --provider liger_jax --batch 8 --max-batch 40`` compiles the jitted optimizer
-step (AdamW, donated state), runs warm-up and timed steps and prints a JSON row: tokens/s, step time, peak device
-bytes (this fresh process's, so far), compiled temp bytes, the last loss; then the same at ``--max-batch``, from
-the trained state (one batch less after an out-of-memory, whose row says ``oom``).
+``python -m benchmarks.e2e_trial run --provider liger_jax --batch 8`` compiles the jitted optimizer step (AdamW,
+donated state), runs warm-up and timed steps and prints a JSON row: tokens/s, step time, peak device bytes (this
+fresh process's), compiled temp bytes, the last loss. With ``--phase max_batch`` the row is the largest-batch run,
+and an out-of-memory (its row says ``oom``) is followed by a run at one batch less. Each phase needs its own
+process: one that ran a smaller batch keeps that step's freed buffers cached, and the largest step's one temporary
+buffer then no longer fits (seen on the H200: 103 GiB refused at a footprint 15% under the limit).
 
 ``python -m benchmarks.e2e_trial probe --provider xla --batch 8`` finds, without running anything, the largest
 batch whose compiled footprint (arguments + outputs − donated + temporaries) fits in ``FIT`` of the device's
@@ -185,15 +187,13 @@ class _Session:
 
 
 def _runs(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """The rows of ``run``: the same batch, then (if given) the largest batch, one less after an OOM."""
+    """The rows of ``run``: one run at ``args.batch``; in the max_batch phase one batch less after an OOM."""
     session = _Session(args)
-    yield session.measure("same_batch", args.batch)
-    if args.max_batch:
-        row = session.measure("max_batch", args.max_batch)
-        if row["status"].startswith("oom") and args.max_batch > 1:
-            yield row | {"phase": "max_batch_oom"}
-            row = session.measure("max_batch", args.max_batch - 1)
-        yield row
+    row = session.measure(args.phase, args.batch)
+    if args.phase == "max_batch" and row["status"].startswith("oom") and args.batch > 1:
+        yield row | {"phase": "max_batch_oom"}
+        row = session.measure(args.phase, args.batch - 1)
+    yield row
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -203,8 +203,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.add_argument("--provider", required=True, choices=("liger_jax", "xla"))
     cli.add_argument("--config", default="1b")
     cli.add_argument("--seq", type=int, default=2048)
-    cli.add_argument("--batch", type=int, required=True, help="run: the same-batch run; probe: the first compiled")
-    cli.add_argument("--max-batch", type=int, help="run: then run at this batch too (from probe)")
+    cli.add_argument("--batch", type=int, required=True, help="run: the batch to run; probe: the first compiled")
+    cli.add_argument("--phase", default="same_batch", choices=("same_batch", "max_batch"), help="run: the row's phase")
     cli.add_argument("--precision", default="bf16", choices=tuple(PRECISIONS))
     cli.add_argument("--attention", default=None, choices=("cudnn", "xla"))
     cli.add_argument("--steps", type=int, default=5)

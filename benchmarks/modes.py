@@ -77,10 +77,17 @@ def _full(fn, diff_argnums):
         # fuse into one; the residuals stay free, so XLA may still recompute cheap ones in the backward, as it
         # does inside a training step.
         out, cotangent = jax.lax.optimization_barrier((out, cotangent))
-        return out, pullback(cotangent)
+        if cotangent is not None:
+            return out, pullback(cotangent)
+        # The forward's own output stands in for the cotangent: like the cotangent the next layer hands back in
+        # training, it is a temporary of this program, dead after the backward, so an op that writes its result
+        # over the cotangent pays no copy (a program input would have to be copied first).
+        return pullback(out)
 
     def prepare(args, key):
-        return tuple(args), cotangent_like(fn, args, key)
+        shapes = jax.tree.leaves(jax.eval_shape(fn, *args))
+        scalar = all(shape.ndim == 0 for shape in shapes)
+        return tuple(args), cotangent_like(fn, args, key) if scalar else None
 
     return body, prepare
 

@@ -6,6 +6,8 @@ torch is imported only here, only when the provider runs. Timing follows the JAX
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +66,9 @@ def measure_torch(case: Case, mode: str, policy: Policy) -> dict[str, Any]:
     """Times Liger (torch) on ``case`` in ``mode``; ``full`` also records the peak bytes of one application."""
     import torch
 
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        # jax-triton empties TRITON_CACHE_DIR when imported; Triton under torch then has nowhere to cache kernels.
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="liger_torch_triton_")
     row = _measure(case, mode, policy)
     torch.cuda.empty_cache()  # hand the freed inputs back, so JAX can grow into them
     return row

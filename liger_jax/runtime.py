@@ -159,7 +159,7 @@ def launch(
             outputs = _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs)
         case _:
             raise ValueError(f"launch runs 'triton' or 'interpret' kernels, got implementation={implementation!r}")
-    outputs = [_manual_axes.cast_to_varying(output, varying) for output in outputs]
+    outputs = [_manual_axes.cast_to_varying(_manual_axes.on_context_mesh(output), varying) for output in outputs]
     return outputs[0] if single else tuple(outputs)
 
 

@@ -122,9 +122,9 @@ def test_trial_retries_one_batch_less_after_running_out_of_memory(monkeypatch):
         return {"phase": phase, "batch": batch, "status": "oom: RESOURCE_EXHAUSTED" if batch == 9 else "ok"}
 
     monkeypatch.setattr(e2e_trial._Session, "measure", measure)
-    args = argparse.Namespace(batch=4, max_batch=9, attention=None)
-    rows = list(e2e_trial._runs(args))
-    assert [(r["phase"], r["batch"], r["status"][:3]) for r in rows] == [
+    same = list(e2e_trial._runs(argparse.Namespace(batch=4, phase="same_batch", attention=None)))
+    largest = list(e2e_trial._runs(argparse.Namespace(batch=9, phase="max_batch", attention=None)))
+    assert [(r["phase"], r["batch"], r["status"][:3]) for r in same + largest] == [
         ("same_batch", 4, "ok"),
         ("max_batch_oom", 9, "oom"),
         ("max_batch", 8, "ok"),

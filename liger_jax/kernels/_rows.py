@@ -1,5 +1,10 @@
 """Tile addressing shared by the row-wise kernels: a tile is BLOCK_ROWS rows × BLOCK_D columns of a [n_rows, n_cols]
-array whose rows are ``row_stride`` elements apart."""
+array whose rows are ``row_stride`` elements apart.
+
+``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
+divisibility-by-16 specialisation, and a runtime row stride or column bound leaves Triton unable to prove that a
+row starts 16-byte aligned, so every bf16 load and store becomes a 2-byte access (about half of HBM bandwidth).
+``n_rows`` may stay a runtime scalar: the row mask is constant along a row and does not split the vectors."""
 
 import triton
 import triton.language as tl

@@ -11,8 +11,8 @@ p = softmax(c) and dc/dz = 1 - tanh². All of it is fp32, whatever the logits dt
 logits dtype only when it is stored, so the target term is subtracted before any rounding.
 
 Rows whose label is ``ignore_index`` get loss 0, z-loss 0 and a zero gradient; their logits are never loaded. A label
-outside [0, V) gives a NaN loss and a zero gradient; the target logit is picked out of the blocks already loaded,
-so no label can make a kernel read out of bounds.
+outside [0, V) gives a NaN loss and a zero gradient; the target logit is loaded under an in-range mask, so no label
+can make a kernel read out of bounds.
 """
 
 import triton
@@ -60,15 +60,15 @@ def _statistics(
     labels,
     active,
     n_cols,
+    label_smoothing: tl.constexpr,
     softcap: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """One pass over the rows: per row (lse, c_label, Σ_j c_j), fp32, after softcap."""
+    """One pass over the rows: per row (lse, c_label, Σ_j c_j), fp32, after softcap (Σ_j c_j only with smoothing)."""
     running_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
     running_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
-    target = tl.zeros((BLOCK_ROWS,), tl.float32)
     total = tl.zeros((BLOCK_ROWS,), tl.float32)
     for block in range(NUM_V_BLOCKS):
         _, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
@@ -78,8 +78,14 @@ def _statistics(
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         running_sum = running_sum * tl.exp(running_max - shift) + tl.sum(tl.exp(c - shift[:, None]), axis=1)
         running_max = new_max
-        target += tl.sum(tl.where(cols[None, :] == labels[:, None], c, 0.0), axis=1)
-        total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
+        if label_smoothing > 0:
+            total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
+    # The label's logit, one element per row; rows with a label outside [0, n_cols) read nothing.
+    in_range = (labels >= 0) & (labels < n_cols)
+    target_offsets = rows * n_cols + tl.where(in_range, labels, 0)
+    target = tl.load(logits_ptr + target_offsets, mask=active & in_range, other=0.0).to(tl.float32)
+    if softcap > 0:
+        target = softcap * _tanh(target / softcap)
     return running_max + tl.log(running_sum), target, total
 
 
@@ -95,13 +101,42 @@ def _row_losses(lse, target, total, labels, active, n_cols, label_smoothing: tl.
 
 
 @triton.jit
+def _store_row_losses(
+    logits_ptr,
+    labels_ptr,
+    n_rows,
+    loss_ptr,
+    z_loss_ptr,
+    n_cols: tl.constexpr,
+    ignore_index: tl.constexpr,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    softcap: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """This program's rows: one pass for their statistics, loss and z-loss stored; returns (rows, labels,
+    row_exists, active, lse) for a gradient pass."""
+    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
+    lse, target, total = _statistics(
+        logits_ptr, rows, labels, active, n_cols, label_smoothing, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    )
+    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
+    tl.store(loss_ptr + rows, loss, mask=row_exists)
+    tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
+    return rows, labels, row_exists, active, lse
+
+
+@triton.jit
 def cross_entropy_loss(
     logits_ptr,  # [n_rows, n_cols] logits.dtype
     labels_ptr,  # [n_rows] int32 or int64
     n_rows,
-    n_cols,
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
+    n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
@@ -111,14 +146,21 @@ def cross_entropy_loss(
     NUM_V_BLOCKS: tl.constexpr,
 ):
     """Per-row loss and z-loss only (the primal pass when no gradient is taken): one read of the logits."""
-    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
-    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
-    lse, target, total = _statistics(
-        logits_ptr, rows, labels, active, n_cols, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    _store_row_losses(
+        logits_ptr,
+        labels_ptr,
+        n_rows,
+        loss_ptr,
+        z_loss_ptr,
+        n_cols,
+        ignore_index,
+        label_smoothing,
+        z_loss_scale,
+        softcap,
+        BLOCK_ROWS,
+        BLOCK_V,
+        NUM_V_BLOCKS,
     )
-    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
-    tl.store(loss_ptr + rows, loss, mask=row_exists)
-    tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
 
 
 @triton.jit
@@ -127,10 +169,10 @@ def cross_entropy_loss_and_grad(
     labels_ptr,  # [n_rows] int32 or int64
     grad_scale_ptr,  # [n_rows] fp32: multiplies each row's gradient (1/n for "mean", a cotangent, ...)
     n_rows,
-    n_cols,
     dlogits_ptr,  # [n_rows, n_cols] logits.dtype
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
+    n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
@@ -144,14 +186,21 @@ def cross_entropy_loss_and_grad(
     Each gradient element is stored after this program last read its logit, so the gradient may overwrite the
     logits in place.
     """
-    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
-    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
-    lse, target, total = _statistics(
-        logits_ptr, rows, labels, active, n_cols, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    rows, labels, row_exists, active, lse = _store_row_losses(
+        logits_ptr,
+        labels_ptr,
+        n_rows,
+        loss_ptr,
+        z_loss_ptr,
+        n_cols,
+        ignore_index,
+        label_smoothing,
+        z_loss_scale,
+        softcap,
+        BLOCK_ROWS,
+        BLOCK_V,
+        NUM_V_BLOCKS,
     )
-    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
-    tl.store(loss_ptr + rows, loss, mask=row_exists)
-    tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
     # Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is already NaN.
     in_range = (labels >= 0) & (labels < n_cols)
     scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)

@@ -6,7 +6,8 @@ one sigmoid, 1 / (1 + exp(-z)), which the GPU and Triton's interpreter evaluate 
     silu(g)      = g · σ(g)
     gelu_tanh(g) = g · σ(2u), u = √(2/π) · (g + 0.044715 g³)    (0.5 · (1 + tanh(u)) = σ(2u))
 
-Each program handles BLOCK contiguous elements, all math in fp32, one rounding per output.
+Each program handles BLOCK contiguous elements, all math in fp32, one rounding per output. The element count ``n``
+is a constexpr: with a runtime bound Triton cannot vectorise the masked loads (see ``liger_jax.kernels._rows``).
 """
 
 import triton
@@ -44,8 +45,8 @@ def _block(n, BLOCK: tl.constexpr):
 def glu_fwd(
     gate_ptr,  # [n] gate.dtype
     up_ptr,  # [n] gate.dtype
-    n,
     out_ptr,  # [n] gate.dtype
+    n: tl.constexpr,
     ACTIVATION: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -62,9 +63,9 @@ def glu_bwd(
     dout_ptr,  # [n] gate.dtype
     gate_ptr,  # [n] gate.dtype
     up_ptr,  # [n] gate.dtype
-    n,
     dgate_ptr,  # [n] gate.dtype; may alias dout (each element is read before it is written)
     dup_ptr,  # [n] gate.dtype
+    n: tl.constexpr,
     ACTIVATION: tl.constexpr,
     BLOCK: tl.constexpr,
 ):

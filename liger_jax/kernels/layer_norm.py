@@ -17,12 +17,12 @@ def layer_norm_fwd(
     scale_ptr,  # [n_cols] scale.dtype
     bias_ptr,  # [n_cols] bias.dtype
     n_rows,
-    n_cols,
-    row_stride,
     y_ptr,  # [n_rows, n_cols] x.dtype
     mean_ptr,  # [n_rows] fp32
     rstd_ptr,  # [n_rows] fp32
     eps: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -53,12 +53,12 @@ def layer_norm_bwd(
     mean_ptr,  # [n_rows] fp32
     rstd_ptr,  # [n_rows] fp32
     n_rows,
-    n_cols,
-    row_stride,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
     TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):

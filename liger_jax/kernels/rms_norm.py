@@ -60,17 +60,41 @@ def _normalize_bwd(dy, x, rstd, scale, n_cols, CASTING: tl.constexpr):
 
 
 @triton.jit
+def _store_normalized(
+    x,
+    scale_ptr,
+    y_ptr,
+    rstd_ptr,
+    rows,
+    offsets,
+    mask,
+    n_rows,
+    n_cols: tl.constexpr,
+    eps: tl.constexpr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Normalises the loaded tile ``x`` (x.dtype, 0 where masked) and stores y and each row's fp32 rstd."""
+    cols = tl.arange(0, BLOCK_D)
+    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    y, rstd = _normalize(x, scale, n_cols, eps, offset, CASTING)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
 def rms_norm_fwd(
     x_ptr,  # [n_rows, n_cols] x.dtype
     scale_ptr,  # [n_cols] scale.dtype
     n_rows,
-    n_cols,
-    row_stride,
     y_ptr,  # [n_rows, n_cols] x.dtype
     rstd_ptr,  # [n_rows] fp32
     eps: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -78,12 +102,8 @@ def rms_norm_fwd(
     rows, offsets, mask = row_tile(
         tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
     )
-    cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    y, rstd = _normalize(x, scale, n_cols, eps, offset, CASTING)
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+    _store_normalized(x, scale_ptr, y_ptr, rstd_ptr, rows, offsets, mask, n_rows, n_cols, eps, offset, CASTING, BLOCK_D)
 
 
 @triton.jit
@@ -93,13 +113,13 @@ def rms_norm_bwd(
     scale_ptr,  # [n_cols] scale.dtype
     rstd_ptr,  # [n_rows] fp32
     n_rows,
-    n_cols,
-    row_stride,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -138,14 +158,14 @@ def fused_add_rms_norm_fwd(
     residual_ptr,  # [n_rows, n_cols] x.dtype
     scale_ptr,  # [n_cols] scale.dtype
     n_rows,
-    n_cols,
-    row_stride,
     y_ptr,  # [n_rows, n_cols] x.dtype
     sum_ptr,  # [n_rows, n_cols] x.dtype
     rstd_ptr,  # [n_rows] fp32
     eps: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -153,16 +173,14 @@ def fused_add_rms_norm_fwd(
     rows, offsets, mask = row_tile(
         tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
     )
-    cols = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
     # The fp32 sum of two bf16/fp16 values rounds to the same x.dtype value as the native sum.
     total = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
     tl.store(sum_ptr + offsets, total, mask=mask)
-    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    y, rstd = _normalize(total, scale, n_cols, eps, offset, CASTING)
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+    _store_normalized(
+        total, scale_ptr, y_ptr, rstd_ptr, rows, offsets, mask, n_rows, n_cols, eps, offset, CASTING, BLOCK_D
+    )
 
 
 @triton.jit
@@ -173,13 +191,13 @@ def fused_add_rms_norm_bwd(
     scale_ptr,  # [n_cols] scale.dtype
     rstd_ptr,  # [n_rows] fp32
     n_rows,
-    n_cols,
-    row_stride,
     ds_ptr,  # [n_rows, n_cols] x.dtype, the cotangent of x and of residual
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):

@@ -16,9 +16,10 @@ from liger_jax.ops import _tiling
 from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._partitioning import partitioned
 
-# Liger's vocabulary block for NVIDIA GPUs: up to 32768 fp32 values per program with 32 warps (32 values per
-# thread); a 128k vocabulary is 4 blocks.
-MAX_BLOCK_V = 32768
+# Vocabulary block on GPUs: 8192 classes per step with 8 warps (32 values per thread). Measured on the H200 at
+# (8192, 128256) bf16, the loss pass reads the logits at 102% of the copy bandwidth with it, against 71% with
+# Liger's 32768 × 32 warps (fewer, fatter programs whose block-wide reductions stall the loads).
+MAX_BLOCK_V = 8192
 # The interpreter (CPU tests) runs a block as numpy vectors: small blocks make test vocabularies of a few hundred
 # classes span several blocks, so the online softmax and the partial last block are exercised everywhere.
 INTERPRETER_MAX_BLOCK_V = 256
@@ -52,7 +53,7 @@ def vocab_tiling(n_cols: int, implementation: str) -> VocabTiling:
     block_v = min(limit, _tiling.next_power_of_2(n_cols))
     # Short rows share a program so each still moves a few thousand elements (one row per program from 4096 up).
     block_rows = _tiling.rows_per_tile(block_v)
-    # 32 values per thread at the largest tile; at least 4 warps so small tiles still fill a scheduler.
+    # 32 values per thread; at least 4 warps so small tiles still fill a scheduler.
     num_warps = max(4, min(32, block_rows * block_v // 1024))
     return VocabTiling(block_rows, block_v, _tiling.cdiv(n_cols, block_v), num_warps)
 
@@ -137,8 +138,9 @@ def _reference_losses_and_grads(logits, labels, grad_scale, settings):
     return dlogits, loss, z_loss
 
 
-def _constexprs(settings: LossSettings, tiling: VocabTiling) -> dict:
+def _constexprs(settings: LossSettings, tiling: VocabTiling, n_cols: int) -> dict:
     return {
+        "n_cols": n_cols,
         "ignore_index": int(settings.ignore_index),
         "label_smoothing": float(settings.label_smoothing),
         "z_loss_scale": float(settings.z_loss_scale),
@@ -166,12 +168,11 @@ def _kernel_row_losses(settings: LossSettings):
             rows,
             labels.reshape(-1),
             rows.shape[0],
-            n_cols,
             out_shape=_loss_shapes(rows.shape[0]),
             grid=(_tiling.cdiv(rows.shape[0], tiling.block_rows),),
             implementation=settings.implementation,
             num_warps=tiling.num_warps,
-            **_constexprs(settings, tiling),
+            **_constexprs(settings, tiling, n_cols),
         )
         return loss.reshape(labels.shape), z_loss.reshape(labels.shape)
 
@@ -193,13 +194,12 @@ def _kernel_row_losses_and_grads(settings: LossSettings):
             labels.reshape(-1),
             grad_scale.reshape(-1).astype(jnp.float32),
             rows.shape[0],
-            n_cols,
             out_shape=(jax.ShapeDtypeStruct(rows.shape, rows.dtype), *_loss_shapes(rows.shape[0])),
             grid=(_tiling.cdiv(rows.shape[0], tiling.block_rows),),
             implementation=settings.implementation,
             num_warps=tiling.num_warps,
             input_output_aliases={0: 0},  # the gradient overwrites the logits when they are dead
-            **_constexprs(settings, tiling),
+            **_constexprs(settings, tiling, n_cols),
         )
         return dlogits.reshape(logits.shape), loss.reshape(labels.shape), z_loss.reshape(labels.shape)
 

@@ -1,8 +1,8 @@
 """Launching a row-wise kernel: every ``[..., D]`` operand is a stack of rows, cut into tiles by ``_tiling``.
 
-The kernels this serves share one signature: the array operands, then ``n_rows, n_cols, row_stride``, then one
-pointer per output, then their own constexprs, ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum`
-output), ``BLOCK_ROWS`` and ``BLOCK_D``.
+The kernels this serves share one signature: the array operands, then ``n_rows``, then one pointer per output, then
+their own constexprs, ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum` output), ``n_cols``,
+``row_stride``, ``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``).
 """
 
 import dataclasses
@@ -88,8 +88,6 @@ def row_launcher(
             kernel,
             *flat,
             n_rows,
-            n_cols,
-            n_cols,
             out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs],
             grid=(programs,),
             implementation=implementation,
@@ -97,6 +95,8 @@ def row_launcher(
             input_output_aliases=dict(aliases),
             **constexprs,
             **grid_constexprs,
+            n_cols=n_cols,
+            row_stride=n_cols,
             BLOCK_ROWS=tiling.block_rows,
             BLOCK_D=tiling.block_d,
         )

@@ -12,10 +12,11 @@ from liger_jax.ops import _checks, _tiling
 from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._partitioning import partitioned
 
-# Launch heuristics. A head tile holds at most this many (x1, x2) pairs: all 32 heads of a D = 128 model in one
-# step, 16 fp32 values per thread for each of x1, x2, out1, out2 at 8 warps (no spills, several programs per SM).
-_MAX_TILE_PAIRS = 2048
-_NUM_WARPS = 8
+# Launch heuristics. A head tile holds at most this many (x1, x2) pairs: 16 heads of a D = 128 model per step,
+# 8 fp32 values per thread for each of x1, x2, out1, out2 at 4 warps (no spills, many programs per SM). Measured on
+# the H200 (B=4, S=4096, 32/8 heads, bf16) against 2048 pairs at 8 warps: the backward 10% faster, the forward 4%.
+_MAX_TILE_PAIRS = 1024
+_NUM_WARPS = 4
 
 
 def apply_rotary_pos_emb(
