@@ -40,14 +40,14 @@ def _env(probe: bool) -> dict[str, str]:
     return processes.child_env(autotune=not probe, XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
 
 
-def _command(args: argparse.Namespace, action: str, provider: str, max_batch: int | None = None) -> list[str]:
+def _command(args: argparse.Namespace, action: str, provider: str, batch: int, phase: str | None = None) -> list[str]:
     command = [sys.executable, "-m", "benchmarks.e2e_trial", action, "--provider", provider]
-    command += ["--batch", str(max_batch or args.batch), "--config", args.config, "--seq", str(args.seq)]
+    command += ["--batch", str(batch), "--config", args.config, "--seq", str(args.seq)]
     command += ["--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.attention:
         command += ["--attention", args.attention]
-    if max_batch:
-        command += ["--phase", "max_batch"]
+    if phase:
+        command += ["--phase", phase]
     if action == "probe" and args.capacity_from_batch:
         command += ["--capacity-from-batch", str(args.capacity_from_batch)]
     return command
@@ -72,21 +72,19 @@ def _run(
     """
     provider_deadline = time.monotonic() + share * (deadline - time.monotonic())
     print(f"e2e: {provider}: batch {args.batch}, then {max_batch or 'no largest batch'}", flush=True)
-    rows = _trial(args, provider, None, "same_batch", 0.5 * (provider_deadline - time.monotonic()))
+    rows = _trial(args, provider, "same_batch", args.batch, 0.5 * (provider_deadline - time.monotonic()))
     if max_batch:
-        rows += _trial(args, provider, max_batch, "max_batch", provider_deadline - time.monotonic())
+        rows += _trial(args, provider, "max_batch", max_batch, provider_deadline - time.monotonic())
     return rows
 
 
-def _trial(
-    args: argparse.Namespace, provider: str, max_batch: int | None, phase: str, time_s: float
-) -> list[dict[str, Any]]:
-    """The rows of one ``e2e_trial run`` process, given at most ``time_s`` (TRIAL_TIMEOUT_S)."""
-    batch = max_batch or args.batch
+def _trial(args: argparse.Namespace, provider: str, phase: str, batch: int, time_s: float) -> list[dict[str, Any]]:
+    """The rows of one ``e2e_trial run`` process in ``phase`` at ``batch``, given at most ``time_s``
+    (TRIAL_TIMEOUT_S)."""
     timeout = min(TRIAL_TIMEOUT_S, time_s)
     if timeout < 20:
         return [{"phase": phase, "batch": batch, "status": "skipped: time budget"}]
-    command = _command(args, "run", provider, max_batch)
+    command = _command(args, "run", provider, batch, phase)
     try:
         done = subprocess.run(command, env=_env(False), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as expired:
@@ -107,7 +105,7 @@ class Search:
         self.processes = {}
         for provider in PROVIDERS:
             stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            command = _command(args, "probe", provider)
+            command = _command(args, "probe", provider, args.batch)
             process = subprocess.Popen(command, env=_env(True), stdout=stdout, stderr=stderr, text=True)
             self.processes[provider] = (process, stdout, stderr)
 

@@ -85,9 +85,9 @@ def _full(fn, diff_argnums):
         return pullback(out)
 
     def prepare(args, key):
-        shapes = jax.tree.leaves(jax.eval_shape(fn, *args))
-        scalar = all(shape.ndim == 0 for shape in shapes)
-        return tuple(args), cotangent_like(fn, args, key) if scalar else None
+        cotangent = cotangent_like(fn, args, key)
+        scalar = all(leaf.ndim == 0 for leaf in jax.tree.leaves(cotangent))
+        return tuple(args), cotangent if scalar else None  # under jit, unused draws are never computed
 
     return body, prepare
 

@@ -36,6 +36,12 @@ def _row_block(first_row, n_rows, labels_ptr, ignore_index: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _label_in_range(labels, n_cols):
+    """Which rows' labels name a class: 0 ≤ label < n_cols."""
+    return (labels >= 0) & (labels < n_cols)
+
+
+@triton.jit
 def _capped_tile(
     logits_ptr, rows, active, n_cols, block, softcap: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr
 ):
@@ -81,7 +87,7 @@ def _statistics(
         if label_smoothing > 0:
             total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
     # The label's logit, one element per row; rows with a label outside [0, n_cols) read nothing.
-    in_range = (labels >= 0) & (labels < n_cols)
+    in_range = _label_in_range(labels, n_cols)
     target_offsets = rows * n_cols + tl.where(in_range, labels, 0)
     target = tl.load(logits_ptr + target_offsets, mask=active & in_range, other=0.0).to(tl.float32)
     if softcap > 0:
@@ -96,7 +102,7 @@ def _row_losses(lse, target, total, labels, active, n_cols, label_smoothing: tl.
     loss = lse - (1.0 - label_smoothing) * target + z_loss
     if label_smoothing > 0:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf
         loss -= (label_smoothing / n_cols) * total
-    loss = tl.where((labels >= 0) & (labels < n_cols), loss, float("nan"))
+    loss = tl.where(_label_in_range(labels, n_cols), loss, float("nan"))
     return tl.where(active, loss, 0.0), tl.where(active, z_loss, 0.0)
 
 
@@ -202,7 +208,7 @@ def cross_entropy_loss_and_grad(
         NUM_V_BLOCKS,
     )
     # Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is already NaN.
-    in_range = (labels >= 0) & (labels < n_cols)
+    in_range = _label_in_range(labels, n_cols)
     scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
     scale = tl.where(active & in_range, scale, 0.0)
     softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
