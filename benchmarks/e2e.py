@@ -1,7 +1,8 @@
 """End to end: a Llama training step with and without liger, ``python -m benchmarks.e2e --out OUT``.
 
 The model is ``liger_jax.models.llama`` at the ``1b`` preset (Llama-3.2-1B shapes), seq 2048, bf16 params and
-compute (``--precision mixed``: fp32 params, bf16 compute), AdamW, one jitted step with donated state; cuDNN
+compute (``--precision mixed``: fp32 params, bf16 compute), optionally each decoder layer rematerialised for both
+(``--remat``), AdamW, one jitted step with donated state; cuDNN
 attention for both (liger swaps RMSNorm, RoPE, SwiGLU and the LM head's loss, not attention). Rows
 (``kind: "e2e"``) go to ``OUT/results.jsonl``:
 
@@ -46,6 +47,8 @@ def _command(args: argparse.Namespace, action: str, provider: str, batch: int, p
     command += ["--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.attention:
         command += ["--attention", args.attention]
+    if args.remat:
+        command += ["--remat"]
     if phase:
         command += ["--phase", phase]
     if action == "probe" and args.capacity_from_batch:
@@ -131,6 +134,7 @@ def run_e2e(args: argparse.Namespace, deadline: float, search: Search | None = N
     """The batch search, then one trial per provider (same batch, then largest); rows streamed to ``args.out``."""
     search = search or Search(args)
     base = {"kind": "e2e", "config": args.config, "seq": args.seq, "precision": args.precision, "mode": "step"}
+    base["remat"] = args.remat
     out = []
     # Each trial needs about a minute and a half: keep three minutes for the two.
     probes = search.results(deadline - 180)
@@ -161,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--batch", type=int, default=8, help="the same-batch comparison's batch (sequences)")
     cli.add_argument("--precision", default="bf16", choices=("bf16", "mixed"))
     cli.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"))
+    cli.add_argument("--remat", action="store_true", help="both models rematerialise each decoder layer")
     cli.add_argument("--steps", type=int, default=5, help="timed steps per run")
     cli.add_argument("--warmup", type=int, default=2)
     cli.add_argument("--budget-s", type=float, default=600.0)

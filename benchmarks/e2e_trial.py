@@ -30,7 +30,7 @@ PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")
 class Trial:
     """The model, optimizer and jitted step for one (provider, config, seq, precision, attention)."""
 
-    def __init__(self, provider: str, config: str, seq: int, precision: str, attention: str | None):
+    def __init__(self, provider: str, config: str, seq: int, precision: str, attention: str | None, remat: bool):
         import jax
         from flax import nnx
 
@@ -40,7 +40,7 @@ class Trial:
         from liger_jax.models.training import adamw_cosine, init_train_state, make_train_step
 
         compute, params = PRECISIONS[precision]
-        self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention)
+        self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention, remat=remat)
         self.seq = seq
         self.optimizer = adamw_cosine(3e-4, 1000, warmup_steps=10)
         graphdefs = []
@@ -163,7 +163,7 @@ class _Session:
         args = self.args
         try:
             if self.trial is None:
-                self.trial = Trial(args.provider, args.config, args.seq, args.precision, self.attention)
+                self.trial = Trial(args.provider, args.config, args.seq, args.precision, self.attention, args.remat)
             return {"attention": self.attention or "xla"} | work(self.trial)
         except Exception as error:  # the driver reads the row; an OOM is a result, not a crash
             self.state = None  # it may have been donated to the failed step
@@ -207,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.add_argument("--phase", default="same_batch", choices=("same_batch", "max_batch"), help="run: the row's phase")
     cli.add_argument("--precision", default="bf16", choices=tuple(PRECISIONS))
     cli.add_argument("--attention", default=None, choices=("cudnn", "xla"))
+    cli.add_argument("--remat", action="store_true", help="rematerialise each decoder layer")
     cli.add_argument("--steps", type=int, default=5)
     cli.add_argument("--warmup", type=int, default=2)
     cli.add_argument("--capacity-from-batch", type=int, help="probe: pretend the device holds exactly this batch")
@@ -215,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     prepare_process()
     base = {"provider": args.provider, "config": args.config, "seq": args.seq, "precision": args.precision}
+    base["remat"] = args.remat
     if args.action == "probe":
         found = _Session(args).attempt(
             lambda trial: {"status": "ok"} | probe(trial, args.batch, args.capacity_from_batch)

@@ -152,7 +152,8 @@ def _e2e(rows: list[dict[str, Any]]) -> str:
         return ""
     body = []
     for row in rows:
-        cells = [row["provider"], row["phase"], str(row.get("batch", "–")), str(row.get("seq", "–"))]
+        cells = [row["provider"], "yes" if row.get("remat") else "no", row["phase"], str(row.get("batch", "–"))]
+        cells += [str(row.get("seq", "–"))]
         cells += [_num(row.get("tokens_per_s")), _num(row.get("step_ms"))]
         cells += [_mib(row.get("peak_bytes")), _mib(row.get("temp_bytes")), row["status"]]
         body.append(cells)
@@ -161,7 +162,7 @@ def _e2e(rows: list[dict[str, Any]]) -> str:
     attention = sorted({r["attention"] for r in rows if r.get("attention")})
     text = f"## End to end: Llama `{first.get('config', '?')}`, {precision}, {'/'.join(attention)} attention\n\n"
     text += "One AdamW step with donated state; tokens/s over the timed steps; peak from the trial's fresh process.\n\n"
-    head = ["provider", "phase", "batch", "seq", "tokens/s", "step ms", "peak MiB", "temp MiB", "status"]
+    head = ["provider", "remat", "phase", "batch", "seq", "tokens/s", "step ms", "peak MiB", "temp MiB", "status"]
     return text + _table(head, body) + "\n"
 
 

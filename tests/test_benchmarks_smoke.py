@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from benchmarks import e2e_trial, peak, report, run, timing
+from benchmarks import e2e_trial, peak, report, run, targets, timing
 from benchmarks import rows as results
 from benchmarks.cases import OPS
 from benchmarks.hardware import floor_ms
@@ -129,3 +129,28 @@ def test_trial_retries_one_batch_less_after_running_out_of_memory(monkeypatch):
         ("max_batch_oom", 9, "oom"),
         ("max_batch", 8, "ok"),
     ]
+
+
+def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
+    def row(provider, phase, remat, batch, peak_gib, tokens_per_s):
+        return {"provider": provider, "phase": phase, "remat": remat, "batch": batch, "status": "ok"} | {
+            "peak_bytes": peak_gib * 2**30,
+            "tokens_per_s": tokens_per_s,
+        }
+
+    rows = [
+        row("liger_jax", "same_batch", False, 8, 27.0, 70.0),
+        row("xla", "same_batch", False, 8, 37.0, 68.0),
+        row("liger_jax", "same_batch", True, 8, 9.0, 55.0),
+        row("xla", "same_batch", True, 8, 20.0, 50.0),
+        row("liger_jax", "max_batch", True, 90, 130.0, 66.0),
+        row("xla", "max_batch", True, 40, 130.0, 50.0),
+    ]
+    verdicts = targets.e2e_verdicts(rows)
+    assert [(measured, met) for _, measured, met in verdicts] == [
+        ("1.37x lower (batch 8)", False),
+        ("not measured", None),
+        ("2.22x lower (batch 8)", True),
+        ("1.32x (batch 90 vs 40)", True),
+    ]
+    assert verdicts[2][0].endswith("(both remat)")
