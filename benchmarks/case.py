@@ -35,6 +35,10 @@ class Case:
             written once; ``full`` is forward plus backward, as in training where the cotangent arrives later).
         flops: mode → the matmul flops the mode must do (0 for bandwidth-bound ops).
         torch_program: builds the :class:`TorchProgram` for ``liger_torch`` (imports torch lazily), or None.
+        dead_argnums: differentiated args that in a training step are temporaries dead after the op (the loss
+            head's logits). ``full`` mode donates them and feeds each call's gradients for them to the next call
+            as its inputs, so an op may overwrite them in place, as it may in training (and as Liger's torch ops
+            do), without the copy a live program input would force.
     """
 
     op: str
@@ -46,6 +50,7 @@ class Case:
     bytes_moved: Mapping[str, float]
     flops: Mapping[str, float]
     torch_program: Callable[[], TorchProgram] | None = None
+    dead_argnums: tuple[int, ...] = ()
 
     @property
     def shape(self) -> str:

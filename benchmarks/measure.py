@@ -44,8 +44,11 @@ def mode_program(case: Case, provider: str, mode: str) -> tuple[Callable, Callab
 def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
     """Times ``provider`` on ``case`` in ``mode`` and returns the row (timing, throughput, floor, memory)."""
     body, make = mode_program(case, provider, mode)
+    recycled = mode == "full" and bool(case.dead_argnums)
+    if recycled:
+        body = modes.recycling(body, case.diff_argnums, case.dead_argnums)
+    timed = jax.jit(modes.over_copies(body), donate_argnums=0 if recycled else ())
     first = make(jax.random.key(0))
-    timed = jax.jit(modes.over_copies(body))
     single = timed.lower([first]).compile()
     row = memory.compiled_memory(single)
     count = copies_for(memory.tree_bytes(first), smoke)
@@ -53,9 +56,12 @@ def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: boo
     compiled = single if count == 1 else timed.lower(copies).compile()
 
     def run_batch(calls: int) -> float:
+        nonlocal copies
         start = time.perf_counter()
         for _ in range(calls):
             out = compiled(copies)
+            if recycled:
+                copies = [following for _, following in out]
         jax.block_until_ready(out)
         return time.perf_counter() - start
 

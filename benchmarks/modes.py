@@ -28,6 +28,26 @@ def program(fn: Callable[..., Any], diff_argnums: Sequence[int], mode: str) -> t
             raise ValueError(f"mode must be forward, backward or full, got {mode!r}")
 
 
+def recycling(body: Callable[..., Any], diff_argnums: Sequence[int], dead_argnums: Sequence[int]) -> Callable:
+    """A ``full``-mode ``body`` (scalar cotangent) that also returns its next inputs: ``(result, (args, cotangent))``.
+
+    The next args are these with each of ``dead_argnums`` replaced by its gradient (same shape and dtype), so a
+    program that donates its inputs can run again on its own outputs. ``result`` holds the forward's output and
+    the other gradients, which keeps their computation alive.
+    """
+    positions = [list(diff_argnums).index(argnum) for argnum in dead_argnums]
+
+    def run(args, cotangent):
+        out, grads = body(args, cotangent)
+        following = list(args)
+        for argnum, position in zip(dead_argnums, positions, strict=True):
+            following[argnum] = grads[position]
+        kept = tuple(grad for position, grad in enumerate(grads) if position not in positions)
+        return (out, kept), (tuple(following), cotangent)
+
+    return run
+
+
 def over_copies(body: Callable[..., Any]) -> Callable[[list], list]:
     """``body`` applied to each input copy in turn, inside one program.
 

@@ -224,6 +224,23 @@ def test_checkpoint_gives_the_same_gradients(implementation):
     )
 
 
+@pytest.mark.skipif(harness.KERNEL_IMPLEMENTATION != "triton", reason="only compiled GPU kernels alias buffers")
+def test_gradient_takes_over_the_dead_logits_buffer_in_a_training_step():
+    # 4096 × 8192 fp32 logits are 128 MiB; compiled only. The logits of an LM head are dead once the loss has its
+    # residuals, so the backward writes the gradient over them: one logits-sized temporary, not two.
+    n_rows, hidden, n_classes = 4096, 64, 8192
+    x = jnp.zeros((n_rows, hidden), jnp.float32)
+    weight = jnp.zeros((hidden, n_classes), jnp.float32)
+    labels = jnp.zeros((n_rows,), jnp.int32)
+
+    def loss(x, weight):
+        return liger_jax.cross_entropy(x @ weight, labels, implementation="triton")
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, weight).compile()
+    logits_bytes = n_rows * n_classes * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < 1.5 * logits_bytes
+
+
 def test_empty_input_gives_zero_loss():
     logits = jnp.zeros((0, 16), jnp.float32)
     labels = jnp.zeros((0,), jnp.int32)

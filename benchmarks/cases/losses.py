@@ -32,7 +32,8 @@ def cross_entropy_case(params, dtype: str) -> Case:
 
     Forward reads the logits; backward reads them and writes dlogits. ``full`` counts one read and one write: the
     gradient is known up to the loss's scalar cotangent once the forward has run, so no implementation must read
-    the logits twice.
+    the logits twice. As in training, the logits are dead after the loss (``dead_argnums``), so the gradient may
+    take over their buffer.
     """
     rows, vocab = params["tokens"], params["vocab"]
 
@@ -61,6 +62,7 @@ def cross_entropy_case(params, dtype: str) -> Case:
         {"forward": logits + labels, "backward": 2 * logits + labels, "full": 2 * logits + labels},
         {"forward": 0.0, "backward": 0.0, "full": 0.0},
         torch_program,
+        dead_argnums=(0,),  # the logits: an LM head's output, dead once the loss is taken
     )
 
 

@@ -113,6 +113,7 @@ def _store_row_losses(
     n_rows,
     loss_ptr,
     z_loss_ptr,
+    lse_ptr,
     n_cols: tl.constexpr,
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
@@ -122,7 +123,7 @@ def _store_row_losses(
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """This program's rows: one pass for their statistics, loss and z-loss stored; returns (rows, labels,
+    """This program's rows: one pass for their statistics, loss, z-loss and lse stored; returns (rows, labels,
     row_exists, active, lse) for a gradient pass."""
     first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
     rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
@@ -132,7 +133,47 @@ def _store_row_losses(
     loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
     tl.store(loss_ptr + rows, loss, mask=row_exists)
     tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
+    tl.store(lse_ptr + rows, lse, mask=row_exists)
     return rows, labels, row_exists, active, lse
+
+
+@triton.jit
+def _store_grads(
+    logits_ptr,
+    dlogits_ptr,
+    grad_scale_ptr,
+    rows,
+    labels,
+    row_exists,
+    active,
+    lse,
+    n_cols: tl.constexpr,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    softcap: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """grad_scale · dloss/dlogits of this program's rows, from their lse: one read of the logits, one write.
+
+    Each gradient element is stored after its logit was read, so the gradient may overwrite the logits in place.
+    Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is NaN.
+    """
+    in_range = _label_in_range(labels, n_cols)
+    scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
+    scale = tl.where(active & in_range, scale, 0.0)
+    softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
+    for block in range(NUM_V_BLOCKS):
+        offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
+        grad = tl.exp(c - lse[:, None]) * softmax_scale[:, None] - label_smoothing / n_cols
+        # The target's -(1 - α) joins p_y in fp32: rounding p_y first loses it entirely in bf16 (Liger #1329).
+        grad -= tl.where(cols[None, :] == labels[:, None], 1.0 - label_smoothing, 0.0)
+        if softcap > 0:
+            tanh = tl.where(col_mask, c / softcap, 0.0)
+            grad *= 1.0 - tanh * tanh
+        grad = grad * scale[:, None]
+        tl.store(dlogits_ptr + offsets, grad.to(dlogits_ptr.dtype.element_ty), mask=row_exists[:, None] & col_mask)
 
 
 @triton.jit
@@ -142,6 +183,7 @@ def cross_entropy_loss(
     n_rows,
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
+    lse_ptr,  # [n_rows] fp32: log Σ_j exp(c_j), for cross_entropy_grad
     n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
@@ -151,13 +193,14 @@ def cross_entropy_loss(
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Per-row loss and z-loss only (the primal pass when no gradient is taken): one read of the logits."""
+    """Per-row loss, z-loss and lse: one read of the logits."""
     _store_row_losses(
         logits_ptr,
         labels_ptr,
         n_rows,
         loss_ptr,
         z_loss_ptr,
+        lse_ptr,
         n_cols,
         ignore_index,
         label_smoothing,
@@ -178,6 +221,7 @@ def cross_entropy_loss_and_grad(
     dlogits_ptr,  # [n_rows, n_cols] logits.dtype
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
+    lse_ptr,  # [n_rows] fp32
     n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
@@ -187,17 +231,15 @@ def cross_entropy_loss_and_grad(
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Per-row loss, z-loss and grad_scale · dloss/dlogits: two reads of the logits, one write of the gradient.
-
-    Each gradient element is stored after this program last read its logit, so the gradient may overwrite the
-    logits in place.
-    """
+    """Per-row loss, z-loss, lse and grad_scale · dloss/dlogits: two reads of the logits, one write of the
+    gradient (which may overwrite the logits)."""
     rows, labels, row_exists, active, lse = _store_row_losses(
         logits_ptr,
         labels_ptr,
         n_rows,
         loss_ptr,
         z_loss_ptr,
+        lse_ptr,
         n_cols,
         ignore_index,
         label_smoothing,
@@ -207,18 +249,61 @@ def cross_entropy_loss_and_grad(
         BLOCK_V,
         NUM_V_BLOCKS,
     )
-    # Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is already NaN.
-    in_range = _label_in_range(labels, n_cols)
-    scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
-    scale = tl.where(active & in_range, scale, 0.0)
-    softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
-    for block in range(NUM_V_BLOCKS):
-        offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
-        grad = tl.exp(c - lse[:, None]) * softmax_scale[:, None] - label_smoothing / n_cols
-        # The target's -(1 - α) joins p_y in fp32: rounding p_y first loses it entirely in bf16 (Liger #1329).
-        grad -= tl.where(cols[None, :] == labels[:, None], 1.0 - label_smoothing, 0.0)
-        if softcap > 0:
-            tanh = tl.where(col_mask, c / softcap, 0.0)
-            grad *= 1.0 - tanh * tanh
-        grad = grad * scale[:, None]
-        tl.store(dlogits_ptr + offsets, grad.to(dlogits_ptr.dtype.element_ty), mask=row_exists[:, None] & col_mask)
+    _store_grads(
+        logits_ptr,
+        dlogits_ptr,
+        grad_scale_ptr,
+        rows,
+        labels,
+        row_exists,
+        active,
+        lse,
+        n_cols,
+        label_smoothing,
+        z_loss_scale,
+        softcap,
+        BLOCK_ROWS,
+        BLOCK_V,
+        NUM_V_BLOCKS,
+    )
+
+
+@triton.jit
+def cross_entropy_grad(
+    logits_ptr,  # [n_rows, n_cols] logits.dtype; may alias dlogits_ptr
+    labels_ptr,  # [n_rows] int32 or int64
+    lse_ptr,  # [n_rows] fp32, from cross_entropy_loss
+    grad_scale_ptr,  # [n_rows] fp32: multiplies each row's gradient (the cotangent times 1/n for "mean", ...)
+    n_rows,
+    dlogits_ptr,  # [n_rows, n_cols] logits.dtype
+    n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
+    ignore_index: tl.constexpr,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    softcap: tl.constexpr,  # 0.0 means no softcap
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_V_BLOCKS: tl.constexpr,
+):
+    """grad_scale · dloss/dlogits from the forward's lse (the backward pass): one read of the logits, one write of
+    the gradient (which may overwrite the logits)."""
+    first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
+    rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
+    lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)
+    _store_grads(
+        logits_ptr,
+        dlogits_ptr,
+        grad_scale_ptr,
+        rows,
+        labels,
+        row_exists,
+        active,
+        lse,
+        n_cols,
+        label_smoothing,
+        z_loss_scale,
+        softcap,
+        BLOCK_ROWS,
+        BLOCK_V,
+        NUM_V_BLOCKS,
+    )

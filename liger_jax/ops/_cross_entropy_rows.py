@@ -118,7 +118,8 @@ def row_losses(settings: LossSettings):
     """``(logits [..., V], labels [...]) -> (loss [...], z_loss [...])``, fp32, for ``settings.implementation``."""
     if settings.implementation == "xla":
         return functools.partial(reference_row_losses, settings=settings)
-    return _kernel_row_losses(settings)
+    with_lse = row_losses_and_lse(settings)
+    return lambda logits, labels: with_lse(logits, labels)[:2]
 
 
 def row_losses_and_grads(settings: LossSettings):
@@ -151,33 +152,67 @@ def _constexprs(settings: LossSettings, tiling: VocabTiling, n_cols: int) -> dic
     }
 
 
-def _loss_shapes(n_rows: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    return jax.ShapeDtypeStruct((n_rows,), jnp.float32), jax.ShapeDtypeStruct((n_rows,), jnp.float32)
+def _row_shapes(n_rows: int, count: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+    return (jax.ShapeDtypeStruct((n_rows,), jnp.float32),) * count
+
+
+def _launch_over_rows(kernel, settings: LossSettings, logits, row_operands, out_shape, **options):
+    """``kernel`` over ``logits`` ``[..., V]`` seen as rows and ``row_operands`` ``[...]`` flattened alike; results
+    of ``out_shape`` (per flattened row, or ``[rows, V]``) come back flat."""
+    n_cols = logits.shape[-1]
+    rows = logits.reshape(-1, n_cols)
+    tiling = vocab_tiling(n_cols, settings.implementation)
+    return runtime.launch(
+        kernel,
+        rows,
+        *(operand.reshape(-1) for operand in row_operands),
+        rows.shape[0],
+        out_shape=out_shape,
+        grid=(_tiling.cdiv(rows.shape[0], tiling.block_rows),),
+        implementation=settings.implementation,
+        num_warps=tiling.num_warps,
+        **options,
+        **_constexprs(settings, tiling, n_cols),
+    )
 
 
 @functools.cache
-def _kernel_row_losses(settings: LossSettings):
+def row_losses_and_lse(settings: LossSettings):
+    """Kernel ``(logits [..., V], labels [...]) -> (loss, z_loss, lse)``, each ``[...]`` fp32: one read of the
+    logits; ``lse`` (after softcap) is what :func:`row_grads` needs."""
     from liger_jax.kernels import cross_entropy as kernels
 
     def losses(logits, labels):
-        n_cols = logits.shape[-1]
-        rows = logits.reshape(-1, n_cols)
-        tiling = vocab_tiling(n_cols, settings.implementation)
-        loss, z_loss = runtime.launch(
-            kernels.cross_entropy_loss,
-            rows,
-            labels.reshape(-1),
-            rows.shape[0],
-            out_shape=_loss_shapes(rows.shape[0]),
-            grid=(_tiling.cdiv(rows.shape[0], tiling.block_rows),),
-            implementation=settings.implementation,
-            num_warps=tiling.num_warps,
-            **_constexprs(settings, tiling, n_cols),
-        )
-        return loss.reshape(labels.shape), z_loss.reshape(labels.shape)
+        n_rows = labels.size
+        results = _launch_over_rows(kernels.cross_entropy_loss, settings, logits, (labels,), _row_shapes(n_rows, 3))
+        return tuple(result.reshape(labels.shape) for result in results)
 
-    sharded = partitioned(losses, "... v, ... -> ..., ...", replicated=("v",))  # rows shard, each row whole
+    sharded = partitioned(losses, "... v, ... -> ..., ..., ...", replicated=("v",))  # rows shard, each row whole
     return vmap_over_rows(sharded, row_argnums=(0, 1), reduces_rows=False)
+
+
+@functools.cache
+def row_grads(settings: LossSettings):
+    """Kernel ``(logits [..., V], labels [...], lse [...], grad_scale [...]) -> dlogits [..., V]``.
+
+    ``dlogits`` (logits.dtype) is the gradient of ``Σ_rows grad_scale · loss``, from the ``lse`` of
+    :func:`row_losses_and_lse`: one read of the logits and one write, over the logits buffer when it is dead.
+    """
+    from liger_jax.kernels import cross_entropy as kernels
+
+    def grads(logits, labels, lse, grad_scale):
+        (dlogits,) = _launch_over_rows(
+            kernels.cross_entropy_grad,
+            settings,
+            logits,
+            (labels, lse, grad_scale.astype(jnp.float32)),
+            (jax.ShapeDtypeStruct((labels.size, logits.shape[-1]), logits.dtype),),
+            input_output_aliases={0: 0},  # the gradient overwrites the logits when they are dead
+        )
+        return dlogits.reshape(logits.shape)
+
+    sharded = partitioned(grads, "... v, ..., ..., ... -> ... v", replicated=("v",))
+    return vmap_over_rows(sharded, row_argnums=(0, 1, 2, 3), reduces_rows=False)
 
 
 @functools.cache
@@ -185,21 +220,15 @@ def _kernel_row_losses_and_grads(settings: LossSettings):
     from liger_jax.kernels import cross_entropy as kernels
 
     def losses_and_grads(logits, labels, grad_scale):
-        n_cols = logits.shape[-1]
-        rows = logits.reshape(-1, n_cols)
-        tiling = vocab_tiling(n_cols, settings.implementation)
-        dlogits, loss, z_loss = runtime.launch(
+        n_rows = labels.size
+        out_shape = (jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype), *_row_shapes(n_rows, 3))
+        dlogits, loss, z_loss, _ = _launch_over_rows(
             kernels.cross_entropy_loss_and_grad,
-            rows,
-            labels.reshape(-1),
-            grad_scale.reshape(-1).astype(jnp.float32),
-            rows.shape[0],
-            out_shape=(jax.ShapeDtypeStruct(rows.shape, rows.dtype), *_loss_shapes(rows.shape[0])),
-            grid=(_tiling.cdiv(rows.shape[0], tiling.block_rows),),
-            implementation=settings.implementation,
-            num_warps=tiling.num_warps,
+            settings,
+            logits,
+            (labels, grad_scale.astype(jnp.float32)),
+            out_shape,
             input_output_aliases={0: 0},  # the gradient overwrites the logits when they are dead
-            **_constexprs(settings, tiling, n_cols),
         )
         return dlogits.reshape(logits.shape), loss.reshape(labels.shape), z_loss.reshape(labels.shape)
 

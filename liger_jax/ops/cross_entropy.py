@@ -1,4 +1,5 @@
-"""Cross-entropy with integer labels: reference, custom_vjp over the Triton kernels (gradient in the forward pass)."""
+"""Cross-entropy with integer labels: reference, custom_vjp over the Triton kernels (loss and lse forward, one
+gradient pass backward)."""
 
 import functools
 from typing import Literal
@@ -15,8 +16,9 @@ from liger_jax.ops._cross_entropy_rows import (
     reduce_rows,
     reduced_reference_losses,
     reduction_grad_scale,
+    row_grads,
     row_losses,
-    row_losses_and_grads,
+    row_losses_and_lse,
 )
 
 Reduction = Literal["mean", "sum", "none"]
@@ -47,9 +49,12 @@ def cross_entropy(
     Logits masked to ``-inf`` get probability 0 (with label smoothing their row's loss is ``+inf``, as in torch).
 
     Numerics: softmax, loss and gradient are computed in fp32 whatever the logits dtype; losses come back in fp32.
-    The kernels compute the gradient during the forward pass (as Liger does) and keep only it, in the logits dtype,
-    rounded once after the target term was subtracted in fp32; the backward pass scales it by the cotangent.
-    Inside ``jit`` the gradient reuses the logits buffer when nothing else needs the logits.
+    The forward pass reads the logits once and keeps them with each row's fp32 log-sum-exp; the backward pass
+    reads them once more and writes ``cotangent · gradient`` in the logits dtype, rounded once after the target
+    term was subtracted in fp32. Inside ``jit`` the gradient takes over the logits buffer when nothing else needs
+    the logits (in a training step they are dead by then), so the loss holds no memory beyond the logits. (Liger
+    instead writes the gradient during the forward pass; in JAX that costs a third pass over the logits, the
+    backward's scaling by the cotangent, which torch skips for a cotangent of 1.)
 
     Args:
         logits: ``[..., V]`` float32, bfloat16 or float16 (float64 too under ``"xla"``).
@@ -127,16 +132,16 @@ def _cross_entropy(logits, labels, settings):
 
 
 def _cross_entropy_fwd(logits, labels, settings):
-    dlogits, loss, z_loss = row_losses_and_grads(settings)(logits, labels, reduction_grad_scale(labels, settings))
-    return (reduce_rows(loss, labels, settings), reduce_rows(z_loss, labels, settings)), (dlogits, labels)
+    loss, z_loss, lse = row_losses_and_lse(settings)(logits, labels)
+    reduced = reduce_rows(loss, labels, settings), reduce_rows(z_loss, labels, settings)
+    return reduced, (logits, labels, lse)
 
 
 def _cross_entropy_bwd(settings, residuals, cotangents):
-    dlogits, labels = residuals
+    logits, labels, lse = residuals
     loss_cotangent, _ = cotangents  # z_loss leaves cross_entropy through stop_gradient: its cotangent is zero
-    if settings.reduction == "none":
-        loss_cotangent = loss_cotangent[..., None]
-    dlogits = (dlogits * loss_cotangent.astype(jnp.float32)).astype(dlogits.dtype)
+    grad_scale = reduction_grad_scale(labels, settings) * loss_cotangent.astype(jnp.float32)
+    dlogits = row_grads(settings)(logits, labels, lse, grad_scale)
     return dlogits, np.zeros(labels.shape, jax.dtypes.float0)
 
 
