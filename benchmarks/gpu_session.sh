@@ -8,7 +8,9 @@
 #            test at the mini config
 #   example  the main job (tiny preset) with and without liger: tokens/s and peak memory in OUT/example-*/summary.json
 #   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 400)
-#   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger)
+#   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger): each provider in
+#            E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S (default 540); one provider fills a
+#            10-minute call, so split them: E2E_PROVIDERS=xla bash benchmarks/gpu_session.sh OUT e2e
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]}
 shift
@@ -54,8 +56,10 @@ for part in "${parts[@]}"; do
       sed -n '/## Targets/,/^Times are/p' "$out/suite/RESULTS.md"
       ;;
     e2e)
-      PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --out "$out/e2e" --budget-s "${E2E_BUDGET_S:-450}" \
-        >"$out/e2e.log" 2>&1
+      for provider in ${E2E_PROVIDERS:-xla liger_jax}; do
+        PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --provider "$provider" --out "$out/e2e" \
+          --budget-s "${E2E_BUDGET_S:-540}" >>"$out/e2e.log" 2>&1
+      done
       tail -8 "$out/e2e.log"
       ;;
     *)
