@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 FIT = 0.95  # of the allocator's limit: room for fragmentation and the workspaces outside XLA's buffer plan
+MAX_PROBES = 10  # compiles per search, each ~20 s for the 1b model
 PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")}  # (compute, params) dtypes
 
 
@@ -118,6 +119,10 @@ def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[
 def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str, Any]:
     """The largest batch whose footprint fits in ``FIT`` × the memory limit, and the footprints it compiled.
 
+    Footprints grow about linearly in the batch, but not exactly (buffer assignment, XLA's own rematerialisation
+    near the limit, layout choices), so the search brackets the answer between the largest batch seen to fit and
+    the smallest seen to fail, and narrows it with lines through known footprints (at most ``MAX_PROBES``
+    compiles; the answer is the largest batch seen to fit).
     ``capacity_from_batch`` pretends the device holds exactly that batch (CPU smoke runs, which have no limit).
     """
     from benchmarks.memory import jax_memory_stats
@@ -133,17 +138,27 @@ def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str
         budget = FIT * jax_memory_stats()["bytes_limit"]
     else:
         budget = size(capacity_from_batch)
-    slope = max((size(2 * start) - size(start)) / start, 1.0)
-    batch = max(1, start + math.floor((budget - size(start)) / slope))
-    for _ in range(3):  # the line is exact up to XLA's buffer-assignment rounding: one or two corrections at most
-        if size(batch) > budget and batch > 1:
-            batch -= 1
-        elif size(batch + 1) <= budget:
-            batch += 1
+    if size(start) > budget:
+        return {"max_batch": None, "budget_bytes": budget, "footprints": sizes}
+    previous, fits, too_big = start, start, None
+    candidate = 2 * start
+    while len(sizes) < MAX_PROBES:
+        if size(candidate) <= budget:
+            previous, fits = fits, candidate
         else:
+            too_big = candidate if too_big is None else min(too_big, candidate)
+        if too_big is not None and too_big - fits <= 1:
             break
-    fits = size(batch) <= budget
-    return {"max_batch": batch if fits else None, "budget_bytes": budget, "footprints": sizes}
+        # The tangent (the line through the last two fitting batches) and, once a batch failed, the chord (through
+        # the largest fit and the smallest failure) cross the budget on either side of the answer for a footprint
+        # that curves one way: alternate between them, each step shrinking the bracket from its side.
+        use_chord = too_big is not None and (len(sizes) % 2 == 0 or fits == previous)
+        left, right = (fits, too_big) if use_chord else (previous, fits)
+        slope = max((size(right) - size(left)) / (right - left), 1.0)
+        candidate = fits + max(1, math.floor((budget - size(fits)) / slope))
+        if too_big is not None:
+            candidate = min(candidate, too_big - 1)
+    return {"max_batch": fits, "budget_bytes": budget, "footprints": sizes}
 
 
 class _Session:

@@ -86,6 +86,32 @@ def test_batch_search_finds_the_largest_fitting_batch():
     assert found["max_batch"] == 23
 
 
+class _CurvedTrial:
+    def __init__(self, footprint):
+        self.footprint = footprint
+
+
+@pytest.mark.parametrize(
+    ("footprint", "capacity_batch"),
+    [
+        # Grows faster than the line through batches 8 and 16 (liger's remat step on the H200).
+        (lambda b: 11.4e9 + 0.236e9 * b + (0.4e6 * (b - 100) ** 2 if b > 100 else 0.0), 400),
+        # Flattens near the limit (XLA's own rematerialisation), so the line overshoots.
+        (lambda b: 2e10 + 4e9 * b - (0.5e9 * (b - 30) if b > 30 else 0.0), 34),
+        (lambda b: 1e9 * b**0.5, 400),
+    ],
+)
+def test_batch_search_brackets_footprints_that_curve(footprint, capacity_batch):
+    found = e2e_trial.probe(_CurvedTrial(footprint), start=8, capacity_from_batch=capacity_batch)
+    assert found["max_batch"] == capacity_batch
+    assert len(found["footprints"]) <= e2e_trial.MAX_PROBES
+
+
+def test_batch_search_reports_none_when_the_first_batch_does_not_fit():
+    found = e2e_trial.probe(_CurvedTrial(lambda b: 100 * b), start=8, capacity_from_batch=4)
+    assert found["max_batch"] is None
+
+
 def test_report_keeps_the_hand_written_header(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text(f"# Mine\n\nhand-written notes\n\n{report.MARKER}\nold generated text\n")
