@@ -60,6 +60,10 @@ def _command(args: argparse.Namespace, action: str, provider: str, batch: int, p
     return command
 
 
+def _text(stream: str | bytes | None) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream or ""
+
+
 def _rows(stdout: str, returncode: int, stderr: str) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if returncode != 0:
@@ -95,9 +99,10 @@ def _trial(args: argparse.Namespace, provider: str, phase: str, batch: int, time
     try:
         done = subprocess.run(command, env=_env(False), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as expired:
-        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout or ""
-        timed_out = {"phase": phase, "batch": batch, "status": f"error: timed out after {timeout:.0f} s"}
-        return [*_rows(stdout, 0, ""), timed_out]
+        stdout, stderr = (_text(stream) for stream in (expired.stdout, expired.stderr))
+        stages = [line for line in stderr.splitlines() if line.startswith("e2e_trial:")]
+        status = f"error: timed out after {timeout:.0f} s; last stage: {stages[-1] if stages else 'none'}"
+        return [*_rows(stdout, 0, ""), {"phase": phase, "batch": batch, "status": status}]
     return _rows(done.stdout, done.returncode, done.stderr)
 
 

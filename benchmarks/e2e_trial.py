@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+_STARTED = time.perf_counter()
 FIT = 0.95  # of the allocator's limit: room for fragmentation and the workspaces outside XLA's buffer plan
 MAX_PROBES = 10  # compiles per search, each ~20 s for the 1b model
 PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")}  # (compute, params) dtypes
@@ -91,8 +93,11 @@ def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[
     start = time.perf_counter()
     compiled = trial.compile(batch)
     row = {"compile_s": time.perf_counter() - start, **compiled_memory(compiled)}
+    _stage(f"compiled batch {batch}")
     row["compile_peak_bytes"] = jax_memory_stats().get("peak_bytes_in_use")
     state = trial.build() if state is None else state
+    jax.block_until_ready(state)
+    _stage("state built")
     key_tokens, key_labels = jax.random.split(jax.random.key(batch))
     vocab = trial.config.vocab_size
     tokens = jax.random.randint(key_tokens, (batch, trial.seq), 0, vocab, dtype="int32")
@@ -100,6 +105,7 @@ def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[
     for _ in range(warmup):
         state, loss = compiled(state, tokens, labels)
     jax.block_until_ready((state, loss))
+    _stage(f"{warmup} warm-up steps done")
     start = time.perf_counter()
     for _ in range(steps):
         state, loss = compiled(state, tokens, labels)
@@ -114,6 +120,12 @@ def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[
         "status": "ok" if math.isfinite(loss) else f"error: loss is {loss}",
     }
     return row, state
+
+
+def _stage(what: str) -> None:
+    """Progress on stderr (seconds since the process started), which the driver quotes if the trial runs past
+    its time limit."""
+    print(f"e2e_trial: {what} at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
 
 
 def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str, Any]:
@@ -179,6 +191,7 @@ class _Session:
         try:
             if self.trial is None:
                 self.trial = Trial(args.provider, args.config, args.seq, args.precision, self.attention, args.remat)
+                _stage("model traced")
             return {"attention": self.attention or "xla"} | work(self.trial)
         except Exception as error:  # the driver reads the row; an OOM is a result, not a crash
             self.state = None  # it may have been donated to the failed step

@@ -11,6 +11,7 @@
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger): each provider in
 #            E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S (default 540); one provider fills a
 #            10-minute call, so split them: E2E_PROVIDERS=xla bash benchmarks/gpu_session.sh OUT e2e
+#            (E2E_FLAGS=--remat for the rematerialised comparison)
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]}
 shift
@@ -57,8 +58,9 @@ for part in "${parts[@]}"; do
       ;;
     e2e)
       for provider in ${E2E_PROVIDERS:-xla liger_jax}; do
+        # shellcheck disable=SC2086  # E2E_FLAGS is a list of flags
         PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --provider "$provider" --out "$out/e2e" \
-          --budget-s "${E2E_BUDGET_S:-540}" >>"$out/e2e.log" 2>&1
+          --budget-s "${E2E_BUDGET_S:-540}" ${E2E_FLAGS:-} >>"$out/e2e.log" 2>&1
       done
       tail -8 "$out/e2e.log"
       ;;
