@@ -152,7 +152,7 @@ def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str
         budget = size(capacity_from_batch)
     if size(start) > budget:
         return {"max_batch": None, "budget_bytes": budget, "footprints": sizes}
-    previous, fits, too_big = start, start, None
+    previous, fits, too_big, chord_turn = start, start, None, False
     candidate = 2 * start
     while len(sizes) < MAX_PROBES:
         if size(candidate) <= budget:
@@ -164,7 +164,8 @@ def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str
         # The tangent (the line through the last two fitting batches) and, once a batch failed, the chord (through
         # the largest fit and the smallest failure) cross the budget on either side of the answer for a footprint
         # that curves one way: alternate between them, each step shrinking the bracket from its side.
-        use_chord = too_big is not None and (len(sizes) % 2 == 0 or fits == previous)
+        chord_turn = too_big is not None and not chord_turn
+        use_chord = too_big is not None and (chord_turn or fits == previous)
         left, right = (fits, too_big) if use_chord else (previous, fits)
         slope = max((size(right) - size(left)) / (right - left), 1.0)
         candidate = fits + max(1, math.floor((budget - size(fits)) / slope))
