@@ -7,8 +7,8 @@ attention for both (liger swaps RMSNorm, RoPE, SwiGLU and the LM head's loss, no
 (``kind: "e2e"``) go to ``OUT/results.jsonl``:
 
 * ``same_batch``: tokens/s, step time and peak memory of both at ``--batch``;
-* ``max_batch``: both at the largest batch each fits, found by ``e2e_trial probe`` (compiled footprints, a
-  linear fit, checked at the predicted batch and one more), then run; on an OOM one batch less is tried.
+* ``max_batch``: both at the largest batch each fits, found by ``e2e_trial probe`` (compiled footprints only,
+  the answer bracketed between a fitting and a failing batch), then run; on an OOM one batch less is tried.
 
 The probes only compile (autotuning off: no GPU work), so they run in the background, beside the suite's ops
 phase. Then each provider gets two trial processes, the same batch and then the largest, so each peak is a fresh

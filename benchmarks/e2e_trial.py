@@ -9,8 +9,8 @@ buffer then no longer fits (seen on the H200: 103 GiB refused at a footprint 15%
 
 ``python -m benchmarks.e2e_trial probe --provider xla --batch 8`` finds, without running anything, the largest
 batch whose compiled footprint (arguments + outputs − donated + temporaries) fits in ``FIT`` of the device's
-memory limit: it compiles two batches, fits the footprint's line in the batch, and checks the predicted batch
-fits and one more does not. It holds no arrays and runs nothing on the GPU (autotuning is off for it), so it can
+memory limit: it compiles batches until one that fits and the next one up that does not are found (see
+:func:`probe`). It holds no arrays and runs nothing on the GPU (autotuning is off for it), so it can
 run beside a timed trial.
 """
 
@@ -42,6 +42,9 @@ class Trial:
         from liger_jax.models import LlamaForCausalLM, llama_config
         from liger_jax.models.training import adamw_cosine, init_train_state, make_train_step
 
+        # XLA inlines every threefry call of the initialiser: on the H200 the 1b model's initialiser took 75 s
+        # to compile (its training step, 20 s). Lowered to JAX's CUDA threefry kernel instead, the same bits.
+        jax.config.update("jax_threefry_gpu_kernel_lowering", True)
         compute, params = PRECISIONS[precision]
         self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention, remat=remat)
         self.seq = seq
@@ -95,9 +98,12 @@ def run(trial: Trial, batch: int, steps: int, warmup: int, state: Any) -> tuple[
     row = {"compile_s": time.perf_counter() - start, **compiled_memory(compiled)}
     _stage(f"compiled batch {batch}")
     row["compile_peak_bytes"] = jax_memory_stats().get("peak_bytes_in_use")
-    state = trial.build() if state is None else state
-    jax.block_until_ready(state)
-    _stage("state built")
+    if state is None:
+        build = trial.build.lower().compile()
+        _stage("state's initialiser compiled")
+        state = build()
+        jax.block_until_ready(state)
+        _stage("state built")
     key_tokens, key_labels = jax.random.split(jax.random.key(batch))
     vocab = trial.config.vocab_size
     tokens = jax.random.randint(key_tokens, (batch, trial.seq), 0, vocab, dtype="int32")
@@ -131,31 +137,42 @@ def _stage(what: str) -> None:
 def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str, Any]:
     """The largest batch whose footprint fits in ``FIT`` × the memory limit, and the footprints it compiled.
 
-    Footprints grow about linearly in the batch, but not exactly (buffer assignment, XLA's own rematerialisation
-    near the limit, layout choices), so the search brackets the answer between the largest batch seen to fit and
-    the smallest seen to fail, and narrows it with lines through known footprints (at most ``MAX_PROBES``
-    compiles; the answer is the largest batch seen to fit).
+    Footprints grow about linearly in the batch, but not exactly: buffer assignment, layout choices, and XLA's own
+    rematerialisation, which holds the footprint flat near its own limit (on the H200 a line through two such
+    batches of XLA's step, ~117 GB with the budget at 135 GB, pointed at batch 1.9e10). So the search
+    brackets the answer between the largest batch seen to fit and the smallest seen to fail, and narrows it with
+    lines through known footprints: before a failure it at most doubles the batch where the footprint flattens;
+    after one it bisects when the lines stop halving the bracket. At most ``MAX_PROBES`` compiles; the answer is
+    the largest batch seen to fit. A batch that does not compile (past int32 extents, or cuDNN's limits) does not
+    fit; its error is kept in ``errors``.
     ``capacity_from_batch`` pretends the device holds exactly that batch (CPU smoke runs, which have no limit).
     """
     from benchmarks.memory import jax_memory_stats
 
     sizes: dict[int, int] = {}
+    errors: dict[int, str] = {}
 
     def size(batch: int) -> int:
         if batch not in sizes:
             sizes[batch] = trial.footprint(batch)
+            _stage(f"batch {batch}: footprint {sizes[batch] / 1e9:.1f} GB")
         return sizes[batch]
 
-    if capacity_from_batch is None:
-        budget = FIT * jax_memory_stats()["bytes_limit"]
-    else:
-        budget = size(capacity_from_batch)
+    def fits_budget(batch: int) -> bool:
+        try:
+            return size(batch) <= budget
+        except Exception as error:  # the search goes on below this batch; the row says why it failed
+            errors[batch] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            return False
+
+    budget = FIT * jax_memory_stats()["bytes_limit"] if capacity_from_batch is None else size(capacity_from_batch)
+    found = {"budget_bytes": budget, "footprints": sizes, "errors": errors}
     if size(start) > budget:
-        return {"max_batch": None, "budget_bytes": budget, "footprints": sizes}
-    previous, fits, too_big, chord_turn = start, start, None, False
+        return {"max_batch": None} | found
+    previous, fits, too_big, chord_turn, widths = start, start, None, False, []
     candidate = 2 * start
-    while len(sizes) < MAX_PROBES:
-        if size(candidate) <= budget:
+    while len(sizes) + len(errors) < MAX_PROBES:
+        if fits_budget(candidate):
             previous, fits = fits, candidate
         else:
             too_big = candidate if too_big is None else min(too_big, candidate)
@@ -165,24 +182,33 @@ def probe(trial: Trial, start: int, capacity_from_batch: int | None) -> dict[str
         # the largest fit and the smallest failure) cross the budget on either side of the answer for a footprint
         # that curves one way: alternate between them, each step shrinking the bracket from its side.
         chord_turn = too_big is not None and not chord_turn
-        use_chord = too_big is not None and (chord_turn or fits == previous)
+        use_chord = too_big in sizes and (chord_turn or fits == previous)
         left, right = (fits, too_big) if use_chord else (previous, fits)
-        slope = max((size(right) - size(left)) / (right - left), 1.0)
-        candidate = fits + max(1, math.floor((budget - size(fits)) / slope))
-        if too_big is not None:
-            candidate = min(candidate, too_big - 1)
-    return {"max_batch": fits, "budget_bytes": budget, "footprints": sizes}
+        slope = (size(right) - size(left)) / (right - left) if right != left else 0.0
+        predicted = fits + max(1, math.floor((budget - size(fits)) / slope)) if slope > 0 else None
+        if too_big is None:
+            average = (size(fits) - size(start)) / (fits - start) if fits != start else slope
+            flattening = slope < 0.5 * average
+            candidate = 2 * fits if predicted is None or (flattening and predicted > 2 * fits) else predicted
+            continue
+        widths.append(too_big - fits)
+        stalled = len(widths) > 1 and 2 * widths[-1] > widths[-2]
+        candidate = (fits + too_big) // 2 if predicted is None or stalled else min(predicted, too_big - 1)
+    return {"max_batch": fits} | found
 
 
 class _Session:
-    """One process's trial and model state across runs; falls back from cuDNN to XLA attention once.
+    """One process's trial and model state across runs; a run falls back from cuDNN to XLA attention once.
 
-    cuDNN's fused attention is what training uses on a GPU; should it refuse these shapes, XLA's runs instead.
+    cuDNN's fused attention is what training uses on a GPU; should it refuse these shapes, XLA's runs instead. A
+    probe does not fall back: XLA attention's footprint is not the run's, and its scores pass int32 dimensions
+    from batch 16 (B·32·2048² elements), so the fallback would only hide the cuDNN error.
     """
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.attention = args.attention
+        self.fallback = args.action == "run"
         self.trial: Trial | None = None
         self.state = None
 
@@ -199,8 +225,8 @@ class _Session:
             message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
             if "RESOURCE_EXHAUSTED" in message:
                 return {"attention": self.attention or "xla", "status": f"oom: {message}"}
-            if self.attention == "cudnn":
-                print(f"attention=cudnn failed ({message}); retrying with XLA attention", flush=True)
+            if self.attention == "cudnn" and self.fallback:
+                print(f"attention=cudnn failed ({message}); retrying with XLA attention", file=sys.stderr, flush=True)
                 self.attention, self.trial = None, None
                 return self.attempt(work)
             return {"attention": self.attention or "xla", "status": f"error: {message}"}

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from benchmarks import e2e_trial, peak, report, run, targets, timing
+from benchmarks import e2e_trial, memory, peak, report, run, targets, timing
 from benchmarks import rows as results
 from benchmarks.cases import OPS
 from benchmarks.hardware import floor_ms
@@ -77,38 +77,75 @@ def test_peak_pool_keeps_parallel_jobs_within_memory(monkeypatch):
     assert most[0] <= 80
 
 
-def test_batch_search_finds_the_largest_fitting_batch():
-    class LinearTrial:
-        def footprint(self, batch):
-            return 1000 + 37 * batch + (5 if batch % 2 else 0)  # a line with buffer-assignment wobble
+class _FootprintTrial:
+    """A trial whose compiled footprint at each batch is ``footprint(batch)``; it counts its compiles."""
 
-    found = e2e_trial.probe(LinearTrial(), start=4, capacity_from_batch=23)
-    assert found["max_batch"] == 23
-
-
-class _CurvedTrial:
     def __init__(self, footprint):
-        self.footprint = footprint
+        self.compiled = []
+        self._footprint = footprint
+
+    def footprint(self, batch):
+        self.compiled.append(batch)
+        return self._footprint(batch)
+
+
+def _search(monkeypatch, footprint, capacity_batch):
+    """The probe's answer and trial when the device's limit holds exactly ``capacity_batch`` (nothing cached)."""
+    limit = footprint(capacity_batch) / e2e_trial.FIT
+    monkeypatch.setattr(memory, "jax_memory_stats", lambda: {"bytes_limit": limit})
+    trial = _FootprintTrial(footprint)
+    return e2e_trial.probe(trial, start=8, capacity_from_batch=None), trial
+
+
+def _flat_from(batch, slope, cliff):
+    """Linear to ``batch``, then held at ``slope`` bytes per sequence (XLA's own remat) until ``cliff``."""
+    return lambda b: 2e10 + 4e9 * min(b, batch) + slope * max(b - batch, 0) + (1e12 if b > cliff else 0.0)
 
 
 @pytest.mark.parametrize(
     ("footprint", "capacity_batch"),
     [
+        # A line with buffer-assignment wobble.
+        (lambda b: 1000 + 37 * b + (5 if b % 2 else 0), 23),
+        (lambda b: 9.5e9 + 0.236e9 * b, 500),
         # Grows faster than the line through batches 8 and 16 (liger's remat step on the H200).
         (lambda b: 11.4e9 + 0.236e9 * b + (0.4e6 * (b - 100) ** 2 if b > 100 else 0.0), 400),
         # Flattens near the limit (XLA's own rematerialisation), so the line overshoots.
         (lambda b: 2e10 + 4e9 * b - (0.5e9 * (b - 30) if b > 30 else 0.0), 34),
         (lambda b: 1e9 * b**0.5, 400),
+        # Held nearly flat below the limit, then too big at once; on the H200 the line through two such batches
+        # had a slope of a few bytes and pointed at batch 1.9e10.
+        (_flat_from(25, 1e6, 40), 40),
+        (_flat_from(25, 40.0, 40), 40),
     ],
 )
-def test_batch_search_brackets_footprints_that_curve(footprint, capacity_batch):
-    found = e2e_trial.probe(_CurvedTrial(footprint), start=8, capacity_from_batch=capacity_batch)
+def test_batch_search_finds_the_largest_fitting_batch(monkeypatch, footprint, capacity_batch):
+    found, trial = _search(monkeypatch, footprint, capacity_batch)
     assert found["max_batch"] == capacity_batch
-    assert len(found["footprints"]) <= e2e_trial.MAX_PROBES
+    assert len(trial.compiled) <= e2e_trial.MAX_PROBES and max(trial.compiled) < 4 * capacity_batch
+
+
+def test_batch_search_without_a_slope_stays_within_its_compiles(monkeypatch):
+    # Exactly flat from batch 25 to 34: lines predict nothing, so the search doubles, then bisects.
+    found, trial = _search(monkeypatch, _flat_from(25, 0.0, 34), 34)
+    assert found["max_batch"] in (33, 34)
+    assert len(trial.compiled) == e2e_trial.MAX_PROBES and max(trial.compiled) <= 52
+
+
+def test_batch_search_treats_a_batch_that_does_not_compile_as_too_big(monkeypatch):
+    def footprint(batch):  # the memory holds batch 100, but nothing past 30 compiles
+        if batch > 30:
+            raise ValueError(f"overflow in static extent product: dimensions=[{batch}, 2048, 128256]")
+        return 1e9 * batch
+
+    monkeypatch.setattr(memory, "jax_memory_stats", lambda: {"bytes_limit": 1e11 / e2e_trial.FIT})
+    found = e2e_trial.probe(_FootprintTrial(footprint), start=8, capacity_from_batch=None)
+    assert found["max_batch"] == 30
+    assert found["errors"] and all(message.startswith("ValueError: overflow") for message in found["errors"].values())
 
 
 def test_batch_search_reports_none_when_the_first_batch_does_not_fit():
-    found = e2e_trial.probe(_CurvedTrial(lambda b: 100 * b), start=8, capacity_from_batch=4)
+    found = e2e_trial.probe(_FootprintTrial(lambda b: 100 * b), start=8, capacity_from_batch=4)
     assert found["max_batch"] is None
 
 
@@ -148,13 +185,36 @@ def test_trial_retries_one_batch_less_after_running_out_of_memory(monkeypatch):
         return {"phase": phase, "batch": batch, "status": "oom: RESOURCE_EXHAUSTED" if batch == 9 else "ok"}
 
     monkeypatch.setattr(e2e_trial._Session, "measure", measure)
-    same = list(e2e_trial._runs(argparse.Namespace(batch=4, phase="same_batch", attention=None)))
-    largest = list(e2e_trial._runs(argparse.Namespace(batch=9, phase="max_batch", attention=None)))
+    same = list(e2e_trial._runs(argparse.Namespace(action="run", batch=4, phase="same_batch", attention=None)))
+    largest = list(e2e_trial._runs(argparse.Namespace(action="run", batch=9, phase="max_batch", attention=None)))
     assert [(r["phase"], r["batch"], r["status"][:3]) for r in same + largest] == [
         ("same_batch", 4, "ok"),
         ("max_batch_oom", 9, "oom"),
         ("max_batch", 8, "ok"),
     ]
+
+
+class _RefusingTrial:
+    """A trial whose every piece of work fails as cuDNN does when it cannot build its attention graph."""
+
+    made = []
+
+    def __init__(self, provider, config, seq, precision, attention, remat):
+        self.made.append(attention)
+
+
+def _refused(trial):
+    raise RuntimeError("cuDNN could not build the graph")
+
+
+@pytest.mark.parametrize(("action", "attentions"), [("run", ["cudnn", None]), ("probe", ["cudnn"])])
+def test_only_a_run_falls_back_from_cudnn_to_xla_attention(monkeypatch, action, attentions):
+    monkeypatch.setattr(e2e_trial, "Trial", _RefusingTrial)
+    _RefusingTrial.made = []
+    args = argparse.Namespace(action=action, provider="xla", config="tiny", seq=8, precision="bf16", remat=False)
+    row = e2e_trial._Session(argparse.Namespace(attention="cudnn", **vars(args))).attempt(_refused)
+    assert _RefusingTrial.made == attentions
+    assert row["status"] == "error: RuntimeError: cuDNN could not build the graph"
 
 
 def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
@@ -169,6 +229,9 @@ def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
         row("xla", "same_batch", False, 8, 37.0, 68.0),
         row("liger_jax", "same_batch", True, 8, 9.0, 55.0),
         row("xla", "same_batch", True, 8, 20.0, 50.0),
+        row("xla", "same_batch", True, 16, 33.0, 50.0),
+        row("liger_jax", "same_batch", True, 16, 12.0, 55.0),
+        row("liger_jax", "same_batch", True, 32, 14.0, 55.0),  # no XLA run at this batch: no ratio
         row("liger_jax", "max_batch", True, 90, 130.0, 66.0),
         row("xla", "max_batch", True, 40, 130.0, 50.0),
     ]
@@ -177,6 +240,7 @@ def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
         ("1.37x lower (batch 8)", False),
         ("not measured", None),
         ("2.22x lower (batch 8)", True),
+        ("2.75x lower (batch 16)", True),
         ("1.32x (batch 90 vs 40)", True),
     ]
     assert verdicts[2][0].endswith("(both remat)")
