@@ -149,7 +149,7 @@ def run_e2e(args: argparse.Namespace, deadline: float, search: Search | None = N
     probes = search.results(deadline - 180)
     for index, provider in enumerate(args.provider):
         probe = probes[provider]
-        found = {k: probe.get(k) for k in ("max_batch", "budget_bytes", "footprints", "status")}
+        found = {k: probe.get(k) for k in ("max_batch", "budget_bytes", "footprints", "errors", "status")}
         for row in _run(args, provider, probe.get("max_batch"), deadline, 1 / (len(args.provider) - index)):
             row = base | {"provider": provider} | row
             if row.get("phase", "").startswith("max_batch"):
