@@ -42,9 +42,6 @@ class Trial:
         from liger_jax.models import LlamaForCausalLM, llama_config
         from liger_jax.models.training import adamw_cosine, init_train_state, make_train_step
 
-        # XLA inlines every threefry call of the initialiser: on the H200 the 1b model's initialiser took 75 s
-        # to compile (its training step, 20 s). Lowered to JAX's CUDA threefry kernel instead, the same bits.
-        jax.config.update("jax_threefry_gpu_kernel_lowering", True)
         compute, params = PRECISIONS[precision]
         self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention, remat=remat)
         self.seq = seq
@@ -270,6 +267,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.providers import prepare_process
 
     prepare_process()
+    import jax
+
+    # XLA inlines every threefry call of the model's initialiser: on the H200 the 1b initialiser took 75 s to
+    # compile (its training step, 20 s). Lowered to JAX's CUDA threefry kernel instead, with the same bits.
+    jax.config.update("jax_threefry_gpu_kernel_lowering", True)
     base = {"provider": args.provider, "config": args.config, "seq": args.seq, "precision": args.precision}
     base["remat"] = args.remat
     if args.action == "probe":
