@@ -31,7 +31,9 @@ def jax_memory_stats() -> dict[str, int]:
 
 
 def tree_bytes(tree: Any) -> int:
-    """Total bytes of the arrays (JAX or torch) among a pytree's leaves."""
+    """Total bytes of the arrays (JAX, abstract ``jax.ShapeDtypeStruct`` or torch) among a pytree's leaves."""
+    import math
+
     import jax
 
     total = 0
@@ -40,4 +42,6 @@ def tree_bytes(tree: Any) -> int:
             total += int(leaf.nbytes)
         elif hasattr(leaf, "element_size"):  # a torch tensor
             total += leaf.element_size() * leaf.numel()
+        elif isinstance(leaf, jax.ShapeDtypeStruct):
+            total += math.prod(leaf.shape) * leaf.dtype.itemsize
     return total

@@ -3,10 +3,10 @@
 Phases, each in fresh processes so that no JAX allocator outlives its phase, under one wall-clock budget:
 
 1. ops (``benchmarks.run``): every op at the issues' target shapes in all modes, then the token and
-   hidden/vocab sweeps in fwd+bwd, until the phase's share of the budget is spent; meanwhile the end-to-end
-   batch search compiles in the background (CPU work only);
+   hidden/vocab sweeps in fwd+bwd, until the phase's share of the budget is spent;
 2. peaks (``benchmarks.peak``): a fresh process's peak memory of fwd+bwd at each target shape, several at once;
-3. end to end (``benchmarks.e2e``): the Llama step at the same batch, then at each one's largest batch;
+3. end to end (``benchmarks.e2e``): the Llama step at the same batch, then each one's largest batch, searched
+   for by compiling (autotuning on, as in the run, so nothing else may use the GPU meanwhile) and run;
 4. report: ``results.csv``, ``results.json``, ``RESULTS.md`` and ``plots.tar`` beside ``results.jsonl``.
 
 ``--smoke`` runs the same phases on tiny shapes (CPU: XLA and Triton's interpreter) to check the code paths.
@@ -28,9 +28,10 @@ from benchmarks import rows as results
 from benchmarks.case import shape_string
 from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA
 
-# Shares of the budget (seconds, for the default 500 s): ops 200, peaks 40, the rest end to end (about 230 s: one
-# trial per provider, each compiling and running two batches), 15 for the report.
-OPS_SHARE, PEAK_SHARE, REPORT_S = 0.40, 0.08, 15.0
+# Shares of the budget (seconds, for the default 580 s): ops 174, peaks 41, the rest end to end (350 s: two
+# same-batch trials of ~35 s; two largest-batch trials, each tracing, ~3 compiles of 20–30 s, the state and the
+# run), 15 for the report.
+OPS_SHARE, PEAK_SHARE, REPORT_S = 0.30, 0.07, 15.0
 OPS_OVERRUN_S = 90.0  # the budget stops new measurements; the last one started may still compile and time
 MAX_OPS_RESTARTS = 3
 PEAK_JOBS = 6  # parallel peak processes: CPU-bound start-up and Triton compiles on a 16-core host
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point."""
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--out", type=pathlib.Path, required=True, help="the one folder all results go to")
-    cli.add_argument("--budget-s", type=float, default=500.0, help="wall-clock budget for everything")
+    cli.add_argument("--budget-s", type=float, default=580.0, help="wall-clock budget for everything")
     cli.add_argument("--op", nargs="+", default=["all"], help="ops for the ops phase")
     cli.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks every phase's code path")
     cli.add_argument("--skip-e2e", action="store_true")
@@ -116,15 +117,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / results.JSONL).unlink(missing_ok=True)
 
-    e2e_args = e2e.parse(["--out", str(args.out), *(["--smoke"] if args.smoke else [])])
-    # The batch search only compiles (CPU; no GPU work, ~1 GB of GPU memory each), so it overlaps the ops phase.
-    search = None if args.skip_e2e else _phase("batch search", start, lambda: e2e.Search(e2e_args))
-    _phase(
-        "ops (end-to-end batch search compiling beside them)", start, lambda: ops_phase(args, OPS_SHARE * args.budget_s)
-    )
+    _phase("ops", start, lambda: ops_phase(args, OPS_SHARE * args.budget_s))
     _phase("peaks", start, lambda: peak_phase(args, time.monotonic() + PEAK_SHARE * args.budget_s))
-    if search is not None:
-        _phase("end to end", start, lambda: e2e.run_e2e(e2e_args, end - REPORT_S, search))
+    if not args.skip_e2e:
+        e2e_args = e2e.parse(["--out", str(args.out), *(["--smoke"] if args.smoke else [])])
+        _phase("end to end", start, lambda: e2e.run_e2e(e2e_args, end - REPORT_S))
     _phase("report", start, lambda: report.write(args.out, pack_plots=True))
     _log(f"done; results in {args.out}", start)
 

@@ -88,12 +88,14 @@ TARGETS = (
 
 def e2e_verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
     """Issue 6's end-to-end goals from the e2e rows, per remat setting: ``(goal, measured, met?)``; the memory
-    goal once for each batch both providers ran."""
+    goal once for each batch both providers ran with a peak measured (a CPU run has none)."""
     verdicts = []
     for remat in sorted({bool(row.get("remat")) for row in rows}) or [False]:
         suffix = " (both remat)" if remat else ""
         ok = [row for row in rows if row.get("status") == "ok" and bool(row.get("remat")) == remat]
-        same = {(row["provider"], row["batch"]): row for row in ok if row["phase"] == "same_batch"}
+        same = {
+            (row["provider"], row["batch"]): row for row in ok if row["phase"] == "same_batch" and row["peak_bytes"]
+        }
         batches = sorted({batch for _, batch in same if all((p, batch) in same for p in (LIGER_JAX, XLA))})
         goal = f"peak memory ≥ 2x lower with liger at the same batch{suffix}"
         for batch in batches:

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from benchmarks import e2e_trial, memory, peak, report, run, targets, timing
+from benchmarks import e2e, e2e_trial, peak, report, run, targets, timing
 from benchmarks import rows as results
 from benchmarks.cases import OPS
 from benchmarks.hardware import floor_ms
@@ -78,23 +78,24 @@ def test_peak_pool_keeps_parallel_jobs_within_memory(monkeypatch):
 
 
 class _FootprintTrial:
-    """A trial whose compiled footprint at each batch is ``footprint(batch)``; it counts its compiles."""
+    """A trial whose compiled footprint at each batch is ``footprint(batch)`` (the state alone at batch 0); it
+    counts its compiles."""
 
     def __init__(self, footprint):
         self.compiled = []
         self._footprint = footprint
+        self.state_bytes = footprint(0)
 
     def footprint(self, batch):
         self.compiled.append(batch)
         return self._footprint(batch)
 
 
-def _search(monkeypatch, footprint, capacity_batch):
-    """The probe's answer and trial when the device's limit holds exactly ``capacity_batch`` (nothing cached)."""
-    limit = footprint(capacity_batch) / e2e_trial.FIT
-    monkeypatch.setattr(memory, "jax_memory_stats", lambda: {"bytes_limit": limit})
+def _search(footprint, capacity_batch, known=None, deadline=float("inf")):
+    """The search's answer and trial when the budget holds exactly ``capacity_batch``."""
     trial = _FootprintTrial(footprint)
-    return e2e_trial.probe(trial, start=8, capacity_from_batch=None), trial
+    budget = footprint(capacity_batch)
+    return e2e_trial.largest_batch(trial, start=8, budget=budget, known=known or {}, deadline=deadline), trial
 
 
 def _flat_from(batch, slope, cliff):
@@ -117,35 +118,52 @@ def _flat_from(batch, slope, cliff):
         # had a slope of a few bytes and pointed at batch 1.9e10.
         (_flat_from(25, 1e6, 40), 40),
         (_flat_from(25, 40.0, 40), 40),
+        # The 1b step on the H200 with autotuning (GB): XLA's, then liger's.
+        (lambda b: 1e9 * (7.4 + 4.07 * b if b <= 8 else 40.0 + 3.03 * (b - 8) + 0.23 * max(b - 36, 0)), 39),
+        (lambda b: 1e9 * (7.4 + 2.71 * b if b <= 8 else 29.1 + 2.54 * (b - 8)), 50),
     ],
 )
-def test_batch_search_finds_the_largest_fitting_batch(monkeypatch, footprint, capacity_batch):
-    found, trial = _search(monkeypatch, footprint, capacity_batch)
-    assert found["max_batch"] == capacity_batch
-    assert len(trial.compiled) <= e2e_trial.MAX_PROBES and max(trial.compiled) < 4 * capacity_batch
+def test_batch_search_finds_the_largest_fitting_batch(footprint, capacity_batch):
+    found, trial = _search(footprint, capacity_batch)
+    assert (found["max_batch"], found["status"]) == (capacity_batch, "converged")
+    assert len(trial.compiled) <= e2e_trial.MAX_COMPILES and max(trial.compiled) < 4 * capacity_batch
 
 
-def test_batch_search_without_a_slope_stays_within_its_compiles(monkeypatch):
+def test_batch_search_of_a_line_takes_three_compiles_from_a_known_start():
+    # The first guess is the line through the state alone (batch 0) and the known batch 8: right for a line,
+    # then one compile to confirm the answer and one to see the next batch fail.
+    line = lambda b: 7.4e9 + 3.0e9 * b + (1e6 if b % 3 else 0.0)  # noqa: E731
+    found, trial = _search(line, 41, known={8: line(8)})
+    assert found["max_batch"] == 41 and 8 not in trial.compiled and len(trial.compiled) <= 3
+
+
+def test_batch_search_without_a_slope_stays_within_its_compiles():
     # Exactly flat from batch 25 to 34: lines predict nothing, so the search doubles, then bisects.
-    found, trial = _search(monkeypatch, _flat_from(25, 0.0, 34), 34)
+    found, trial = _search(_flat_from(25, 0.0, 34), 34)
     assert found["max_batch"] in (33, 34)
-    assert len(trial.compiled) == e2e_trial.MAX_PROBES and max(trial.compiled) <= 52
+    assert len(trial.compiled) <= e2e_trial.MAX_COMPILES and max(trial.compiled) <= 52
 
 
-def test_batch_search_treats_a_batch_that_does_not_compile_as_too_big(monkeypatch):
+def test_batch_search_stops_before_a_compile_it_has_no_time_for():
+    import time
+
+    found, trial = _search(lambda b: 1e9 * b, 40, deadline=time.perf_counter())
+    assert (found["max_batch"], found["status"], trial.compiled) == (8, "stopped: out of time", [8])
+
+
+def test_batch_search_treats_a_batch_that_does_not_compile_as_too_big():
     def footprint(batch):  # the memory holds batch 100, but nothing past 30 compiles
         if batch > 30:
             raise ValueError(f"overflow in static extent product: dimensions=[{batch}, 2048, 128256]")
         return 1e9 * batch
 
-    monkeypatch.setattr(memory, "jax_memory_stats", lambda: {"bytes_limit": 1e11 / e2e_trial.FIT})
-    found = e2e_trial.probe(_FootprintTrial(footprint), start=8, capacity_from_batch=None)
+    found = e2e_trial.largest_batch(_FootprintTrial(footprint), 8, 1e11, {}, float("inf"))
     assert found["max_batch"] == 30
     assert found["errors"] and all(message.startswith("ValueError: overflow") for message in found["errors"].values())
 
 
 def test_batch_search_reports_none_when_the_first_batch_does_not_fit():
-    found = e2e_trial.probe(_FootprintTrial(lambda b: 100 * b), start=8, capacity_from_batch=4)
+    found = e2e_trial.largest_batch(_FootprintTrial(lambda b: 100 * b), 8, 400, {}, float("inf"))
     assert found["max_batch"] is None
 
 
@@ -180,18 +198,59 @@ def test_resume_knows_what_finished_and_what_died_in_flight(tmp_path):
     assert finished == {tuple(done.values())} and in_flight == {tuple(died.values())}
 
 
-def test_trial_retries_one_batch_less_after_running_out_of_memory(monkeypatch):
-    def measure(self, phase, batch):
-        return {"phase": phase, "batch": batch, "status": "oom: RESOURCE_EXHAUSTED" if batch == 9 else "ok"}
+def _trial_args(**values):
+    return argparse.Namespace(**({"batch": 8, "phase": "same_batch", "attention": None} | values))
 
+
+def test_largest_batch_trial_runs_the_next_smaller_fit_after_running_out_of_memory(monkeypatch):
+    def search(self):
+        return {
+            "max_batch": 41,
+            "status": "converged",
+            "budget_bytes": 100,
+            "footprints": {0: 5, 8: 30, 40: 98, 41: 99},
+        }
+
+    def measure(self, phase, batch):
+        return {"phase": phase, "batch": batch, "status": "oom: RESOURCE_EXHAUSTED" if batch == 41 else "ok"}
+
+    monkeypatch.setattr(e2e_trial._Session, "search", search)
     monkeypatch.setattr(e2e_trial._Session, "measure", measure)
-    same = list(e2e_trial._runs(argparse.Namespace(action="run", batch=4, phase="same_batch", attention=None)))
-    largest = list(e2e_trial._runs(argparse.Namespace(action="run", batch=9, phase="max_batch", attention=None)))
+    same = list(e2e_trial._runs(_trial_args(batch=4)))
+    largest = list(e2e_trial._runs(_trial_args(phase="max_batch")))
     assert [(r["phase"], r["batch"], r["status"][:3]) for r in same + largest] == [
         ("same_batch", 4, "ok"),
-        ("max_batch_oom", 9, "oom"),
-        ("max_batch", 8, "ok"),
+        ("max_batch_oom", 41, "oom"),
+        ("max_batch", 40, "ok"),
     ]
+    assert largest[-1]["search"]["max_batch"] == 41
+
+
+def test_largest_batch_trial_says_why_it_found_no_batch(monkeypatch):
+    monkeypatch.setattr(e2e_trial._Session, "search", lambda self: {"attention": "cudnn", "status": "error: boom"})
+    assert [r["status"] for r in e2e_trial._runs(_trial_args(phase="max_batch"))] == ["error: boom"]
+
+
+def test_e2e_runs_same_batches_first_and_seeds_each_search_with_its_footprint(monkeypatch, tmp_path):
+    calls = []
+
+    def trial(args, provider, phase, time_s, start_footprint=None):
+        calls.append((provider, phase, start_footprint, time_s))
+        sizes = {"arg_bytes": 10, "out_bytes": 10, "alias_bytes": 10, "temp_bytes": 5 if provider == "xla" else 3}
+        return [{"phase": phase, "batch": 8, "status": "ok"} | sizes]
+
+    monkeypatch.setattr(e2e, "_trial", trial)
+    args = e2e.parse(["--out", str(tmp_path)])
+    rows = e2e.run_e2e(args, deadline=__import__("time").monotonic() + 600)
+    assert [c[:3] for c in calls] == [
+        ("xla", "same_batch", None),
+        ("liger_jax", "same_batch", None),
+        ("xla", "max_batch", 15),
+        ("liger_jax", "max_batch", 13),
+    ]
+    xla_search_s = calls[2][3]
+    assert xla_search_s <= 600 - e2e.SEARCH_TRIAL_MIN_S - 2 * e2e.TIMEOUT_GRACE_S
+    assert len(rows) == 4 and len(results.load(tmp_path / results.JSONL)) == 4
 
 
 class _RefusingTrial:
@@ -207,11 +266,11 @@ def _refused(trial):
     raise RuntimeError("cuDNN could not build the graph")
 
 
-@pytest.mark.parametrize(("action", "attentions"), [("run", ["cudnn", None]), ("probe", ["cudnn"])])
-def test_only_a_run_falls_back_from_cudnn_to_xla_attention(monkeypatch, action, attentions):
+@pytest.mark.parametrize(("phase", "attentions"), [("same_batch", ["cudnn", None]), ("max_batch", ["cudnn"])])
+def test_only_a_same_batch_run_falls_back_from_cudnn_to_xla_attention(monkeypatch, phase, attentions):
     monkeypatch.setattr(e2e_trial, "Trial", _RefusingTrial)
     _RefusingTrial.made = []
-    args = argparse.Namespace(action=action, provider="xla", config="tiny", seq=8, precision="bf16", remat=False)
+    args = argparse.Namespace(phase=phase, provider="xla", config="tiny", seq=8, precision="bf16", remat=False)
     row = e2e_trial._Session(argparse.Namespace(attention="cudnn", **vars(args))).attempt(_refused)
     assert _RefusingTrial.made == attentions
     assert row["status"] == "error: RuntimeError: cuDNN could not build the graph"
@@ -244,3 +303,11 @@ def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
         ("1.32x (batch 90 vs 40)", True),
     ]
     assert verdicts[2][0].endswith("(both remat)")
+
+
+def test_e2e_memory_verdict_waits_for_measured_peaks():
+    rows = [
+        {"provider": p, "phase": "same_batch", "remat": False, "batch": 2, "status": "ok", "peak_bytes": None}
+        for p in ("liger_jax", "xla")
+    ]
+    assert targets.e2e_verdicts(rows)[0][1:] == ("not measured", None)
