@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from benchmarks.providers import LIGER_JAX, XLA
 
 PROVIDERS = (XLA, LIGER_JAX)
 TRIAL_TIMEOUT_S = 300.0
-SEARCH_TRIAL_MIN_S = 110.0  # kept for each largest-batch trial still to come: tracing, ~3 compiles, the run
+SEARCH_TRIAL_MIN_S = 90.0  # kept for each largest-batch trial still to come: tracing, ~4 compiles, the run
 TIMEOUT_GRACE_S = 20.0  # past a trial's own time, before the driver stops it
 
 
@@ -104,12 +105,13 @@ def _footprint(row: dict[str, Any]) -> int | None:
 def run_e2e(args: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:
     """Each provider's same-batch trial, then each one's largest-batch trial; rows streamed to ``args.out``.
 
-    A same-batch trial gets at most a fifth of the time left (TRIAL_TIMEOUT_S); a largest-batch trial gets the
-    time left but ``SEARCH_TRIAL_MIN_S`` (and the grace) for each one after it.
+    A same-batch trial gets at most a fifth of the time left (TRIAL_TIMEOUT_S). The largest-batch trials go in
+    the order of their same-batch compile times, quickest first, so the slowest search inherits what the others
+    leave; each gets the time left but ``SEARCH_TRIAL_MIN_S`` (and the grace) for each one after it.
     """
     base = {"kind": "e2e", "config": args.config, "seq": args.seq, "precision": args.precision, "mode": "step"}
     base["remat"] = args.remat
-    out, seeds = [], {}
+    out, seeds, compile_s = [], {}, {}
 
     def emit(provider: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:
@@ -121,9 +123,11 @@ def run_e2e(args: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:
     for provider in args.provider:
         rows = _trial(args, provider, "same_batch", min(TRIAL_TIMEOUT_S, 0.2 * (deadline - time.monotonic())))
         seeds[provider] = next((f for f in map(_footprint, rows) if f), None)
+        compile_s[provider] = next((r["compile_s"] for r in rows if r.get("compile_s")), math.inf)
         emit(provider, rows)
-    for index, provider in enumerate(args.provider):
-        later = len(args.provider) - index - 1
+    order = sorted(args.provider, key=compile_s.__getitem__)
+    for index, provider in enumerate(order):
+        later = len(order) - index - 1
         time_s = deadline - time.monotonic() - (SEARCH_TRIAL_MIN_S + TIMEOUT_GRACE_S) * later - TIMEOUT_GRACE_S
         emit(provider, _trial(args, provider, "max_batch", time_s, seeds[provider]))
     return out

@@ -27,7 +27,7 @@ from typing import Any
 _STARTED = time.perf_counter()
 FIT = 0.95  # of the allocator's limit: room for fragmentation and the workspaces outside XLA's buffer plan
 MAX_COMPILES = 10  # per search, each 20–30 s for the 1b model with autotuning
-RUN_RESERVE_S = 30.0  # of a max_batch trial's time, kept for building the state and running the batch found
+RUN_RESERVE_S = 20.0  # of a max_batch trial's time, kept for building the state and running the batch found
 FIRST_COMPILE_S = 30.0  # what the search expects a compile to take before it has timed one
 PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")}  # (compute, params) dtypes
 
@@ -146,11 +146,12 @@ def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int]
     rematerialisation, which can hold the footprint flat near its own limit. So the search brackets the answer
     between the largest batch seen to fit and the smallest seen to fail, and narrows it with lines through known
     footprints, the first through batch 0 (the state alone, ``trial.state_bytes``) and ``start``: before a
-    failure it at most doubles the batch where the footprint flattens; after one it bisects when the lines stop
-    halving the bracket. A batch that does not compile (past int32 extents, or cuDNN's limits) does not fit; its
-    error is kept in ``errors``. ``known`` holds footprints measured elsewhere (the same-batch trial's), which
-    save compiles. The search stops after ``MAX_COMPILES`` compiles, or before a compile that would end past
-    ``deadline`` (``time.perf_counter()``); ``status`` says whether the bracket closed.
+    failure, where the footprint flattens, it tries the average growth's answer, else at most doubles the batch;
+    after one it bisects when the lines stop halving the bracket. A batch that does not compile (past int32
+    extents, or cuDNN's limits) does not fit; its error is kept in ``errors``. ``known`` holds footprints
+    measured elsewhere (the same-batch trial's), which save compiles. The search stops after ``MAX_COMPILES``
+    compiles, or before a compile that would end past ``deadline`` (``time.perf_counter()``); ``status`` says
+    whether the bracket closed.
     """
     sizes: dict[int, int] = {0: trial.state_bytes} | known
     errors: dict[int, str] = {}
@@ -188,8 +189,16 @@ def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int]
         predicted = fits + max(1, math.floor((budget - sizes[fits]) / slope)) if slope > 0 else None
         if too_big is None:
             average = (sizes[fits] - sizes[start]) / (fits - start) if fits != start else slope
-            flattening = slope < 0.5 * average
-            candidate = 2 * fits if predicted is None or (flattening and predicted > 2 * fits) else predicted
+            flattening = average > 0 and slope < 0.5 * average
+            # Where the footprint flattens, XLA's remat may hold it for a stretch and then let it grow at the
+            # earlier rate again (the 1b step on the H200: 119.1 GB at batch 31, 121.5 at 35, 196 at 58): try the
+            # batch the average growth since `start` points at, unless that is the next batch (a long flat stretch:
+            # then the tangent, at most doubling).
+            by_average = fits + math.floor((budget - sizes[fits]) / average) if flattening else 0
+            if by_average > fits + 1:
+                candidate = by_average
+            else:
+                candidate = 2 * fits if predicted is None or (flattening and predicted > 2 * fits) else predicted
         else:
             widths.append(too_big - fits)
             stalled = len(widths) > 1 and 2 * widths[-1] > widths[-2]

@@ -7,7 +7,7 @@
 #   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton (4 groups at once, ~4 min), then the convergence
 #            test at the mini config
 #   example  the main job (tiny preset) with and without liger: tokens/s and peak memory in OUT/example-*/summary.json
-#   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 580)
+#   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 575)
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
 #            (default 540) (E2E_FLAGS=--remat for the rematerialised comparison)
@@ -51,7 +51,7 @@ for part in "${parts[@]}"; do
       done
       ;;
     suite)
-      PYTHONUNBUFFERED=1 python3 -m benchmarks.suite --out "$out/suite" --budget-s "${SUITE_BUDGET_S:-580}" \
+      PYTHONUNBUFFERED=1 python3 -m benchmarks.suite --out "$out/suite" --budget-s "${SUITE_BUDGET_S:-575}" \
         >"$out/suite.log" 2>&1
       sed -n '/## Targets/,/^Times are/p' "$out/suite/RESULTS.md"
       ;;

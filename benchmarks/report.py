@@ -155,15 +155,26 @@ def _e2e(rows: list[dict[str, Any]]) -> str:
         cells = [row["provider"], "yes" if row.get("remat") else "no", row["phase"], str(row.get("batch", "–"))]
         cells += [str(row.get("seq", "–"))]
         cells += [_num(row.get("tokens_per_s")), _num(row.get("step_ms"))]
-        cells += [_mib(row.get("peak_bytes")), _mib(row.get("temp_bytes")), row["status"]]
+        cells += [_mib(row.get("peak_bytes")), _mib(row.get("temp_bytes")), _search_cell(row), row["status"]]
         body.append(cells)
     first = rows[0]
     precision = {"bf16": "bf16 params and compute", "mixed": "fp32 params, bf16 compute"}.get(first.get("precision"))
     attention = sorted({r["attention"] for r in rows if r.get("attention")})
     text = f"## End to end: Llama `{first.get('config', '?')}`, {precision}, {'/'.join(attention)} attention\n\n"
     text += "One AdamW step with donated state; tokens/s over the timed steps; peak from the trial's fresh process.\n\n"
-    head = ["provider", "remat", "phase", "batch", "seq", "tokens/s", "step ms", "peak MiB", "temp MiB", "status"]
+    head = ["provider", "remat", "phase", "batch", "seq", "tokens/s", "step ms", "peak MiB", "temp MiB", "search"]
+    head += ["status"]
     return text + _table(head, body) + "\n"
+
+
+def _search_cell(row: dict[str, Any]) -> str:
+    """A largest-batch row's search: whether it converged, and the smallest batch it compiled too big."""
+    search = row.get("search")
+    if not search or not search.get("footprints"):
+        return "–"
+    too_big = [int(b) for b, size in search["footprints"].items() if size > search["budget_bytes"]]
+    too_big += [int(b) for b in search.get("errors") or {}]
+    return f"{search['status']}; {min(too_big)} too big" if too_big else search["status"]
 
 
 def _not_measured(rows: list[dict[str, Any]]) -> str:
