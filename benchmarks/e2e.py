@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks import processes
 from benchmarks import rows as results
+from benchmarks.memory import footprint_bytes
 from benchmarks.providers import LIGER_JAX, XLA
 
 PROVIDERS = (XLA, LIGER_JAX)
@@ -94,12 +95,8 @@ def _trial(
 
 
 def _footprint(row: dict[str, Any]) -> int | None:
-    """A run row's compiled footprint (arguments + outputs − donated + temporaries), if it has one."""
-    parts = [row.get(k) for k in ("arg_bytes", "out_bytes", "alias_bytes", "temp_bytes")]
-    if row.get("status") != "ok" or None in parts:
-        return None
-    arg, out, alias, temp = parts
-    return arg + out - alias + temp
+    """A successful run row's compiled footprint, if it has one."""
+    return footprint_bytes(row) if row.get("status") == "ok" else None
 
 
 def run_e2e(args: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:

@@ -60,9 +60,8 @@ class Trial:
             return state
 
         self.build = jax.jit(build)
-        abstract_state = jax.eval_shape(build)
-        self.abstract_state = abstract_state
-        self.state_bytes = tree_bytes(abstract_state)
+        self.abstract_state = jax.eval_shape(build)
+        self.state_bytes = tree_bytes(self.abstract_state)
         self.step = make_train_step(graphdefs[0], self.optimizer)
         self._compiled: dict[int, tuple[Any, float]] = {}
 
@@ -85,10 +84,9 @@ class Trial:
 
     def footprint(self, batch: int) -> int:
         """Device bytes the compiled step needs at ``batch``: arguments + outputs − donated + temporaries."""
-        from benchmarks.memory import compiled_memory
+        from benchmarks.memory import compiled_memory, footprint_bytes
 
-        m = compiled_memory(self.compile(batch)[0])
-        return m["arg_bytes"] + m["out_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+        return footprint_bytes(compiled_memory(self.compile(batch)[0]))
 
 
 def run(trial: Trial, batch: int, steps: int, warmup: int) -> dict[str, Any]:

@@ -23,6 +23,16 @@ def compiled_memory(compiled: Any) -> dict[str, int | None]:
     return {key: None if analysis is None else int(getattr(analysis, name)) for key, name in fields.items()}
 
 
+def footprint_bytes(memory: dict[str, int | None]) -> int | None:
+    """Device bytes a compiled program needs, from :func:`compiled_memory`'s fields: arguments + outputs − donated
+    (aliased) + temporaries; None where the backend gives no analysis."""
+    parts = [memory.get(k) for k in ("arg_bytes", "out_bytes", "alias_bytes", "temp_bytes")]
+    if None in parts:
+        return None
+    arg, out, alias, temp = parts
+    return arg + out - alias + temp
+
+
 def jax_memory_stats() -> dict[str, int]:
     """The first device's allocator statistics (empty on backends that keep none, such as CPU)."""
     import jax
