@@ -311,11 +311,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.providers import prepare_process
 
     prepare_process()
-    import jax
-
-    # XLA inlines every threefry call of the model's initialiser: on the H200 the 1b initialiser took 75 s to
-    # compile (its training step, 20 s). Lowered to JAX's CUDA threefry kernel instead, with the same bits.
-    jax.config.update("jax_threefry_gpu_kernel_lowering", True)
     base = {"provider": args.provider, "config": args.config, "seq": args.seq, "precision": args.precision}
     base["remat"] = args.remat
     for row in _runs(args):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -26,19 +28,39 @@ def copies_for(bytes_per_copy: int, smoke: bool) -> int:
     return min(MAX_COPIES, max(1, math.ceil(ROTATION_BYTES / max(bytes_per_copy, 1))))
 
 
+@functools.lru_cache(maxsize=1)
+def _input_draws(make_inputs: Callable) -> Callable:
+    """``make_inputs`` jitted once per case: its providers and modes share one compiled draw program."""
+    return jax.jit(make_inputs)
+
+
 def mode_program(case: Case, provider: str, mode: str) -> tuple[Callable, Callable]:
     """``(body, make)``: the mode's program for ``provider``, and ``make(key)`` drawing one input set for it.
 
-    ``make`` is jitted, so XLA fuses the draws and their casts and no fp32 temporaries reach memory.
+    The draws are jitted, so XLA fuses them with their casts and no fp32 temporaries reach memory.
     """
     body, prepare = modes.program(case.providers[provider], case.diff_argnums, mode)
+    draw_inputs = _input_draws(case.make_inputs)
 
-    @jax.jit
     def make(key):
         inputs_key, cotangent_key = jax.random.split(key)
-        return prepare(case.make_inputs(inputs_key), cotangent_key)
+        return prepare(draw_inputs(inputs_key), cotangent_key)
 
     return body, make
+
+
+def _compile_both(single: jax.stages.Lowered, copies: jax.stages.Lowered | None) -> tuple[Any, Any]:
+    """The one-copy program (for its memory analysis) and the timed one, compiled side by side.
+
+    XLA compiles without the GIL, so the two compiles overlap; the timed one is the one-copy program when
+    ``copies`` is None.
+    """
+    if copies is None:
+        compiled = single.compile()
+        return compiled, compiled
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        one, timed = pool.map(lambda lowered: lowered.compile(), (single, copies))
+    return one, timed
 
 
 def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
@@ -49,11 +71,10 @@ def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: boo
         body = modes.recycling(body, case.diff_argnums, case.dead_argnums)
     timed = jax.jit(modes.over_copies(body), donate_argnums=0 if recycled else ())
     first = make(jax.random.key(0))
-    single = timed.lower([first]).compile()
-    row = memory.compiled_memory(single)
     count = copies_for(memory.tree_bytes(first), smoke)
     copies = [first] + [make(jax.random.key(seed)) for seed in range(1, count)]
-    compiled = single if count == 1 else timed.lower(copies).compile()
+    single, compiled = _compile_both(timed.lower([first]), None if count == 1 else timed.lower(copies))
+    row = memory.compiled_memory(single)
 
     def run_batch(calls: int) -> float:
         nonlocal copies

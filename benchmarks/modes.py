@@ -2,6 +2,7 @@
 
 Each builder returns ``(body, prepare)``: ``body(*inputs)`` is what is timed and ``prepare(args, key)`` turns one
 set of case arguments into its inputs (for ``backward`` that runs the forward, so the pullback's residuals exist).
+``prepare`` takes drawn arrays and is cheap, except backward's, which is jitted: the forward it runs fuses.
 """
 
 from __future__ import annotations
@@ -105,9 +106,8 @@ def _full(fn, diff_argnums):
         return pullback(out)
 
     def prepare(args, key):
-        cotangent = cotangent_like(fn, args, key)
-        scalar = all(leaf.ndim == 0 for leaf in jax.tree.leaves(cotangent))
-        return tuple(args), cotangent if scalar else None  # under jit, unused draws are never computed
+        scalar = all(leaf.ndim == 0 for leaf in jax.tree.leaves(jax.eval_shape(fn, *args)))
+        return tuple(args), cotangent_like(fn, args, key) if scalar else None
 
     return body, prepare
 
@@ -116,6 +116,7 @@ def _backward(fn, diff_argnums):
     def body(pullback, cotangent):
         return pullback(cotangent)
 
+    @jax.jit
     def prepare(args, key):
         return _vjp(fn, tuple(args), diff_argnums)[1], cotangent_like(fn, args, key)
 

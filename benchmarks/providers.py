@@ -24,12 +24,15 @@ def prepare_process() -> None:
     No preallocation: liger_torch shares the GPU with JAX in one process, the peak-memory subprocesses share it
     with each other, and a preallocated pool would hide nothing but cost both. On a CPU backend, Triton's
     interpreter is switched on (it must be, before ``import triton``, for ``implementation="interpret"``).
+    Random draws lower to JAX's CUDA threefry kernel, with the same bits: otherwise XLA inlines every threefry
+    call, and compiling them took 75 s for the 1b model's initialiser and most of a second per op case's draws.
     """
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # The allocator's limit (XLA's default is 75% of the device): the largest XLA baselines need more.
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     import jax
 
+    jax.config.update("jax_threefry_gpu_kernel_lowering", True)
     if jax.default_backend() == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -93,27 +93,26 @@ class _Runner:
         results.append(self.args.out, row)
         _print(row)
 
-    def providers(self, case) -> list[str]:
-        """The providers to run on ``case``, torch first (its allocator gives memory back; JAX's does not)."""
+    def providers(self, case, chosen: Sequence[str]) -> list[str]:
+        """Those of ``chosen`` that run on ``case``."""
         from benchmarks import providers
 
-        order = [providers.LIGER_TORCH, *(p for p in providers.PROVIDERS if p != providers.LIGER_TORCH)]
-        chosen = [p for p in order if p in self.args.provider]
         torch_ok = not self.torch_missing
         return [p for p in chosen if p in case.providers or (p == providers.LIGER_TORCH and torch_ok)]
 
-    def run_case(self, op: Op, params: dict[str, int], dtype: str) -> None:
-        """Every provider and mode of one case (skipped rows when out of time or the op does not exist)."""
+    def run_case(self, op: Op, params: dict[str, int], dtype: str, chosen: Sequence[str]) -> None:
+        """Every mode of one case for the ``chosen`` providers (skipped rows when out of time or the op does not
+        exist)."""
         from benchmarks.providers import MissingOpError
 
         try:
             case = op.build(params, dtype)
         except MissingOpError as error:
-            for row in _skipped(op.name, params, dtype, self.args.provider, self.args.mode, str(error)):
+            for row in _skipped(op.name, params, dtype, chosen, self.args.mode, str(error)):
                 self.emit(row)
             return
         is_target = self.args.smoke or (params, dtype) in [(dict(p), d) for p, d in op.targets]
-        for provider in self.providers(case):
+        for provider in self.providers(case, chosen):
             for mode in self.args.mode if is_target else self.args.sweep_mode or self.args.mode:
                 key = (case.op, provider, mode, case.shape, case.dtype)
                 if key in self.finished:
@@ -137,11 +136,17 @@ def _skipped(op: str, params: dict[str, int], dtype: str, providers, modes, why:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Runs the measurements ``args`` asks for; returns their rows (also streamed to ``args.out``)."""
     from benchmarks.cases import OPS
+    from benchmarks.providers import LIGER_TORCH
 
     runner = _Runner(args)
     ops = [OPS[name] for name in (OPS if "all" in args.op else args.op)]
-    for op, params, dtype in plan(ops, SWEEPS if "all" in args.sweep else args.sweep, args.smoke):
-        runner.run_case(op, params, dtype)
+    cases = plan(ops, SWEEPS if "all" in args.sweep else args.sweep, args.smoke)
+    # Liger (torch) runs every case first: JAX's allocator never hands memory back, so once the largest XLA
+    # baselines have grown it, torch's largest losses would find too little left.
+    torch_first = [[p for p in args.provider if p == LIGER_TORCH], [p for p in args.provider if p != LIGER_TORCH]]
+    for chosen in filter(None, torch_first):
+        for op, params, dtype in cases:
+            runner.run_case(op, params, dtype, chosen)
     return runner.rows
 
 
