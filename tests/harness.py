@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from liger_jax import runtime
+from liger_jax.ops import _tiling
 
 # The kernel implementation this machine runs: Triton's interpreter on CPU, the GPU kernels on a GPU.
 KERNEL_IMPLEMENTATION = runtime.default_implementation() if runtime.default_implementation() != "xla" else "interpret"
@@ -13,6 +14,17 @@ KERNEL_IMPLEMENTATION = runtime.default_implementation() if runtime.default_impl
 IMPLEMENTATIONS = (KERNEL_IMPLEMENTATION, "xla")
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+# Row-kernel tilings the rule never picks at test sizes, forced with _tiling.overridden on FORCED_TILING_SHAPE:
+# column blocks of 64 (a 200-column row in 4 blocks, the last one partial; 111 rows make 4 row tiles of 32, so
+# each of the interpreter's programs adds two of them into its partial sums, the last tile partial), and one tile
+# per row without prefetching the next one.
+FORCED_TILINGS = {
+    "column_blocks": _tiling.TilingOverride(block_d=64),
+    "no_prefetch": _tiling.TilingOverride(prefetch=False),
+}
+FORCED_TILING_SHAPE = (111, 200)
+
 # (x dtype, param dtype, module dtype) for Flax drop-in tests: flax promotes these three into the output dtype.
 FLAX_DTYPE_CASES = [
     (jnp.float32, jnp.float32, None),

@@ -1,5 +1,7 @@
 """RMSNorm: every implementation against the float64 reference, values and gradients."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax.ops import _tiling
 from tests import harness
 
 # (rows..., D): a single row, D not a power of two, rows not a multiple of any block, 3-D, rank 1, wide rows.
@@ -118,6 +121,62 @@ def test_checkpoint_gives_the_same_gradients(implementation):
     chex.assert_trees_all_close(plain, remat, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("tiling", harness.FORCED_TILINGS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("casting_mode", CASTING_MODES)
+def test_forced_tilings_match_float64_reference(tiling, dtype, casting_mode):
+    shape = harness.FORCED_TILING_SHAPE
+    x, scale = _inputs(30 + CASTING_MODES.index(casting_mode), shape, dtype)
+    offset = 1.0 if casting_mode == "gemma" else 0.0
+    settings = {"offset": offset, "casting_mode": casting_mode}
+
+    def op(x, scale):
+        return liger_jax.rms_norm(x, scale, implementation=harness.KERNEL_IMPLEMENTATION, **settings)
+
+    def reference(x, scale):
+        return liger_jax.rms_norm_reference(x, scale, rounding_dtype=dtype, **settings)
+
+    with _tiling.overridden(harness.FORCED_TILINGS[tiling]):
+        harness.assert_vjp_matches_reference(op, reference, (x, scale), harness.random_normal(39, shape, dtype), dtype)
+
+
+def test_rows_longer_than_one_tile_use_column_blocks():
+    # Two rows of 65537 (one past the old single-tile cap) take the rule's column blocks, forward and backward.
+    x, scale = _inputs(40, (2, 65537), jnp.float32)
+    op = functools.partial(liger_jax.rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)
+    cotangent = harness.random_normal(41, x.shape, jnp.float32)
+    harness.assert_vjp_matches_reference(op, liger_jax.rms_norm_reference, (x, scale), cotangent, jnp.float32)
+
+
+@pytest.mark.parametrize("reduces_rows", [False, True])
+@pytest.mark.parametrize("n_cols", [1, 96, 1000, 4096, 8192, 12000, 16384, 20000, 32768, 65536, 65537, 131072])
+def test_row_tiling_keeps_a_row_in_one_tile_up_to_the_limit_then_walks_column_blocks(n_cols, reduces_rows):
+    tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows)
+    limit = _tiling.MAX_BACKWARD_TILE_COLS if reduces_rows else _tiling.MAX_FORWARD_TILE_COLS
+    assert tiling.block_d & (tiling.block_d - 1) == 0, "tl.arange needs a power of two"
+    if n_cols <= limit:
+        assert n_cols <= tiling.block_d < 2 * n_cols
+    else:
+        assert tiling.block_d == _tiling.COLUMN_BLOCK
+        assert not tiling.prefetch, "column blocks are never prefetched"
+    assert 4 <= tiling.num_warps <= _tiling.MAX_WARPS
+    one_tile = n_cols <= tiling.block_d
+    assert tiling.prefetch == (
+        reduces_rows and one_tile and tiling.block_rows * tiling.block_d <= _tiling.MEASURED_TILE_LIMIT
+    )
+
+
+def test_tiling_override_replaces_the_rule_where_set():
+    forced = _tiling.TilingOverride(block_d=1024, num_warps=2, prefetch=False)
+    assert _tiling.row_tiling(4000, reduces_rows=True, override=forced) == _tiling.RowTiling(
+        block_rows=2, block_d=1024, num_warps=2, programs_per_sm=_tiling.PROGRAMS_PER_SM, prefetch=False
+    )
+    # A block wider than the row gives one tile of the row's length rounded up.
+    assert _tiling.row_tiling(100, override=_tiling.TilingOverride(block_d=4096)).block_d == 128
+    with pytest.raises(ValueError, match="block_d must be a power of two"):
+        _tiling.TilingOverride(block_d=96)
+
+
 def test_kernel_writes_every_element():
     # Outputs start as NaN under the interpreter; rows and D chosen to leave partial tiles on both axes.
     x, scale = _inputs(11, (37, 77), jnp.float32)
@@ -140,7 +199,6 @@ def test_empty_input_gives_empty_output():
         ((2, 8), (8, 1), {}, ValueError, r"scale must have shape \(8,\)"),
         ((2, 8), (8,), {"casting_mode": "mistral"}, ValueError, "casting_mode"),
         ((2, 8), (8,), {"implementation": "cuda"}, ValueError, "implementation"),
-        ((1, 65537), (65537,), {}, ValueError, "65536"),
     ],
 )
 def test_bad_shapes_and_settings_raise_clear_errors(x, scale, kwargs, error, match):

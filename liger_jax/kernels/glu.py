@@ -25,9 +25,10 @@ _GELU_CUBIC = tl.constexpr(0.044715)
 def _activation(g, ACTIVATION: tl.constexpr):
     """``(act(g), act'(g))`` of an fp32 tile."""
     if ACTIVATION == GELU_TANH:
-        # d/dg σ(2u) = σ(2u) · (1 - σ(2u)) · 2u'.
-        s = tl.sigmoid(2.0 * _SQRT_2_OVER_PI * (g + _GELU_CUBIC * g * g * g))
-        slope = s + g * s * (1.0 - s) * (2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * g * g))
+        # d/dg σ(2u) = σ(2u) · (1 - σ(2u)) · 2u'. Tiles lead every product with a constexpr: Triton 3.9's
+        # interpreter keeps ``constexpr * tile`` wrapped in a constexpr, which its builtins (tl.sigmoid) reject.
+        s = tl.sigmoid((g + g * g * g * _GELU_CUBIC) * (2.0 * _SQRT_2_OVER_PI))
+        slope = s + g * s * (1.0 - s) * ((g * g * (3.0 * _GELU_CUBIC) + 1.0) * (2.0 * _SQRT_2_OVER_PI))
     else:
         s = tl.sigmoid(g)
         slope = s * (1.0 + g * (1.0 - s))

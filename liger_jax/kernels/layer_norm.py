@@ -1,14 +1,47 @@
 """LayerNorm kernels: y = (x - mean) · rstd · scale + bias, rstd = 1 / sqrt(var + eps), over the last axis.
 
 The rows are the flattened leading axes of x; each row has ``n_cols`` elements and rows are ``row_stride``
-elements apart. A row lives in one tile, so mean and variance are two exact passes over registers (no
-E[x²] - E[x]² cancellation); everything is computed in fp32 and y is rounded once, to y's dtype.
+elements apart. Everything is computed in fp32 and y is rounded once, to y's dtype. The variance is never
+E[x²] - E[x]² (cancellation): a row that fits one tile gets two exact passes over registers, mean then
+mean((x - mean)²); a longer row, walked in column blocks (see ``liger_jax.kernels._rows``), gets each block's mean
+and centred sum of squares exactly and merges them with Chan et al.'s pairwise update, then a second pass
+normalises block by block. The backward likewise: one pass for the row sums, one for dx.
 """
 
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import row_tile
+from liger_jax.kernels._rows import add_to_partial, reversed_block, row_block, tile
+
+
+@triton.jit
+def _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each row's fp32 mean and variance [BLOCK_ROWS], reading the row one column block at a time."""
+    mean = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+    centred_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+    for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+        first_col = block * BLOCK_D
+        cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        # Every block before this one is full: `seen` columns are merged already.
+        seen = tl.cast(first_col, tl.float32)
+        count = tl.cast(tl.minimum(n_cols - first_col, BLOCK_D), tl.float32)
+        block_mean = tl.sum(x, axis=1) / count
+        centred = tl.where(mask, x - block_mean[:, None], 0.0)
+        delta = block_mean - mean
+        mean += delta * (count / (seen + count))
+        centred_squares += tl.sum(centred * centred, axis=1) + delta * delta * (seen * count / (seen + count))
+    return mean, centred_squares / n_cols
+
+
+@triton.jit
+def _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols: tl.constexpr):
+    """Stores y for a tile ``x`` [BLOCK_ROWS, BLOCK_D] in fp32 with its rows' fp32 ``mean`` and ``rstd``."""
+    col_mask = cols < n_cols
+    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = (x - mean[:, None]) * rstd[:, None] * scale[None, :] + bias[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -27,22 +60,157 @@ def layer_norm_fwd(
     BLOCK_D: tl.constexpr,
 ):
     """One program normalises BLOCK_ROWS rows; it stores y and the fp32 mean and rstd of each row."""
-    rows, offsets, mask = row_tile(
-        tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
-    )
-    cols = tl.arange(0, BLOCK_D)
-    col_mask = cols < n_cols
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / n_cols
-    # Masked columns would contribute (0 - mean)² to the variance: zero them.
-    centred = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
-    y = centred * rstd[:, None] * scale[None, :] + bias[None, :]
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    if n_cols <= BLOCK_D:
+        cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / n_cols
+        # Masked columns would contribute (0 - mean)² to the variance: zero them.
+        centred = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
+        _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
+    else:
+        mean, var = _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
     tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def _normed(x, mean, rstd, mask):
+    """n = (x - mean) · rstd in fp32 for a tile ``x`` as loaded, 0 where masked (there x = 0, and x - mean is not)."""
+    return tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+
+
+@triton.jit
+def _row_sums(dy, normed, scale):
+    """Σ g and Σ g · n over each row of a tile in fp32, with g = dy · scale (dy as loaded, ``scale`` fp32)."""
+    g = dy.to(tl.float32) * scale[None, :]
+    return tl.sum(g, axis=1), tl.sum(g * normed, axis=1)
+
+
+@triton.jit
+def _dx(dy, normed, rstd, scale, mean_g, mean_gn):
+    """dx = rstd · (g - mean(g) - n · mean(g · n)) in fp32 for one tile."""
+    g = dy.to(tl.float32) * scale[None, :]
+    return rstd[:, None] * (g - mean_g[:, None] - normed * mean_gn[:, None])
+
+
+@triton.jit
+def _load_backward_tile(dy_ptr, x_ptr, mean_ptr, rstd_ptr, rows, offsets, mask, n_rows):
+    """dy and x of a tile as stored (0 where masked) and its rows' mean and rstd."""
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    return dy, x, mean, rstd
+
+
+@triton.jit
+def _backward_in_tiles(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    mean_ptr,
+    rstd_ptr,
+    n_rows,
+    dx_ptr,
+    dscale_partial_ptr,
+    dbias_partial_ptr,
+    PREFETCH: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The backward of rows that fit one tile: scale and the program's dscale and dbias stay in registers."""
+    pid = tl.program_id(0).to(tl.int64)
+    first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
+    rows = row_block(first_row, BLOCK_ROWS)
+    cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if PREFETCH:
+        dy, x, mean, rstd = _load_backward_tile(dy_ptr, x_ptr, mean_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+    for tile_index in range(TILES_PER_PROGRAM):
+        if not PREFETCH:
+            dy, x, mean, rstd = _load_backward_tile(dy_ptr, x_ptr, mean_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+        next_rows = row_block(first_row + (tile_index + 1) * BLOCK_ROWS, BLOCK_ROWS)
+        _, next_offsets, next_mask = tile(next_rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        if PREFETCH:
+            # The next tile's loads are issued before this tile's arithmetic, so memory latency hides behind it,
+            # at the price of a second tile's registers.
+            next_dy, next_x, next_mean, next_rstd = _load_backward_tile(
+                dy_ptr, x_ptr, mean_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
+            )
+        normed = _normed(x, mean, rstd, mask)
+        sum_g, sum_gn = _row_sums(dy, normed, scale)
+        dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dy_f32 = dy.to(tl.float32)
+        dscale += tl.sum(dy_f32 * normed, axis=0)
+        dbias += tl.sum(dy_f32, axis=0)
+        rows, offsets, mask = next_rows, next_offsets, next_mask
+        if PREFETCH:
+            dy, x, mean, rstd = next_dy, next_x, next_mean, next_rstd
+    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=cols < n_cols)
+    tl.store(dbias_partial_ptr + pid * n_cols + cols, dbias, mask=cols < n_cols)
+
+
+@triton.jit
+def _backward_in_column_blocks(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    mean_ptr,
+    rstd_ptr,
+    n_rows,
+    dx_ptr,
+    dscale_partial_ptr,
+    dbias_partial_ptr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The backward of rows longer than a tile: per row tile, one pass for Σ g and Σ g · n, one for dx, dscale and
+    dbias."""
+    pid = tl.program_id(0).to(tl.int64)
+    for tile_index in range(TILES_PER_PROGRAM):
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
+        mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+            block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
+            sum_g += block_g
+            sum_gn += block_gn
+        # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
+        tl.debug_barrier()
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+            scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
+            tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dy_f32 = dy.to(tl.float32)
+            later_tile = tile_index > 0
+            add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tl.sum(dy_f32 * normed, axis=0), later_tile)
+            add_to_partial(dbias_partial_ptr + pid * n_cols, cols, n_cols, tl.sum(dy_f32, axis=0), later_tile)
 
 
 @triton.jit
@@ -56,6 +224,7 @@ def layer_norm_bwd(
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
+    PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
@@ -68,28 +237,13 @@ def layer_norm_bwd(
     its fp32 partial sums of dy · n (dscale) and dy (dbias) into row p of the partials; XLA adds the partials
     (deterministic, no atomics).
     """
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    col_mask = cols < n_cols
-    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for tile in range(TILES_PER_PROGRAM):
-        first_row = (pid * TILES_PER_PROGRAM + tile) * BLOCK_ROWS
-        rows, offsets, mask = row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-        row_mask = rows < n_rows
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-        # Masked columns hold x = 0, so x - mean would not vanish there: zero n explicitly.
-        normed = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        g = dy * scale[None, :]
-        mean_g = tl.sum(g, axis=1) / n_cols
-        mean_gn = tl.sum(g * normed, axis=1) / n_cols
-        dx = rstd[:, None] * (g - mean_g[:, None] - normed * mean_gn[:, None])
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dscale += tl.sum(dy * normed, axis=0)
-        dbias += tl.sum(dy, axis=0)
-    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=col_mask)
-    tl.store(dbias_partial_ptr + pid * n_cols + cols, dbias, mask=col_mask)
+    if n_cols <= BLOCK_D:
+        _backward_in_tiles(
+            dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
+            PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+    else:
+        _backward_in_column_blocks(
+            dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
+            TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip

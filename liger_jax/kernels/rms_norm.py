@@ -3,12 +3,17 @@
 The rows are the flattened leading axes of x; each row has ``n_cols`` elements and rows are ``row_stride``
 elements apart. Statistics are always accumulated in fp32. The fused-add kernels normalise s = x + residual
 (rounded to x.dtype) and also store s, reading each input once (Liger's FusedAddRMSNorm).
+
+A row that fits one tile (``n_cols <= BLOCK_D``) is loaded once and kept in registers. A longer row is walked in
+column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² and then normalises block by block; the
+backward sums g · n and then writes dx block by block, adding each block's dscale into the program's row of
+partial sums in memory.
 """
 
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import row_tile
+from liger_jax.kernels._rows import add_to_partial, reversed_block, row_block, tile
 
 # The CASTING constexpr; liger_jax.ops.rms_norm maps the casting_mode names onto these codes.
 CASTING_NONE = tl.constexpr(0)
@@ -17,69 +22,115 @@ CASTING_GEMMA = tl.constexpr(2)
 
 
 @triton.jit
-def _normalize(x, scale, n_cols, eps: tl.constexpr, offset: tl.constexpr, CASTING: tl.constexpr):
-    """``(y, rstd)`` in fp32 of a tile ``x`` [BLOCK_ROWS, BLOCK_D] as loaded (x.dtype, 0 where masked), with
-    ``scale`` [BLOCK_D] in fp32; y still needs its final rounding to x.dtype."""
+def _sum_squares(x):
+    """Σ x² over each row of a tile as loaded (x.dtype, 0 where masked), in fp32: [BLOCK_ROWS]."""
     x_f32 = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x_f32 * x_f32, axis=1) / n_cols + eps)
+    return tl.sum(x_f32 * x_f32, axis=1)
+
+
+@triton.jit
+def _rstd(sum_squares, n_cols: tl.constexpr, eps: tl.constexpr):
+    """1 / sqrt(mean(x²) + eps) in fp32 from each row's fp32 sum of squares."""
+    return 1.0 / tl.sqrt(sum_squares / n_cols + eps)
+
+
+@triton.jit
+def _load_scale(scale_ptr, cols, n_cols: tl.constexpr, offset: tl.constexpr):
+    """offset + scale of the columns ``cols`` [BLOCK_D] in fp32 (``offset`` where masked)."""
+    return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _normalized(x, rstd, scale, CASTING: tl.constexpr):
+    """y in fp32, still to be rounded to x.dtype, of a tile ``x`` [BLOCK_ROWS, BLOCK_D] as loaded, its rows' fp32
+    ``rstd`` [BLOCK_ROWS] and its columns' fp32 ``scale`` [BLOCK_D], which already includes the offset."""
+    x_f32 = x.to(tl.float32)
     if CASTING == CASTING_LLAMA:
         # Llama rounds the normalised x to the input dtype before the scale multiplies it.
         normed = (x_f32 * rstd[:, None]).to(x.dtype).to(tl.float32)
-        y = normed * (offset + scale)[None, :]
+        y = normed * scale[None, :]
     elif CASTING == CASTING_GEMMA:
-        y = x_f32 * rstd[:, None] * (offset + scale)[None, :]
+        y = x_f32 * rstd[:, None] * scale[None, :]
     else:
         # Every product rounded to the input dtype, as a model without casts computes it. The fp32 product of two
         # bf16/fp16 values is exact, so rounding it equals the native product (the interpreter has no bf16 math).
         rstd_in = rstd.to(x.dtype).to(tl.float32)
-        scale_in = (offset + scale).to(x.dtype).to(tl.float32)
+        scale_in = scale.to(x.dtype).to(tl.float32)
         y = (x_f32 * rstd_in[:, None]).to(x.dtype).to(tl.float32) * scale_in[None, :]
-    return y, rstd
+    return y
 
 
 @triton.jit
-def _normalize_bwd(dy, x, rstd, scale, n_cols, CASTING: tl.constexpr):
-    """``(dx, dscale)`` in fp32 of one tile: dx [BLOCK_ROWS, BLOCK_D] and this tile's dscale [BLOCK_D].
-
-    dx = rstd · (g - n · mean(g · n)) with n = x · rstd, g = dy · scale, where ``scale`` [BLOCK_D] fp32 already
-    includes the offset; ``dy`` is fp32, ``x`` as loaded (x.dtype) and ``rstd`` [BLOCK_ROWS] fp32, all 0 where
-    masked. dscale multiplies dy by n as the forward rounded it (that is what y's dependence on scale is); dx
-    passes straight through the roundings.
-    """
-    x_f32 = x.to(tl.float32)
-    normed = x_f32 * rstd[:, None]
-    g = dy * scale[None, :]
-    mean_gn = tl.sum(g * normed, axis=1) / n_cols
-    dx = rstd[:, None] * (g - normed * mean_gn[:, None])
-    if CASTING == CASTING_LLAMA:
-        normed = normed.to(x.dtype).to(tl.float32)
-    elif CASTING == CASTING_NONE:
-        rstd_in = rstd.to(x.dtype).to(tl.float32)
-        normed = (x_f32 * rstd_in[:, None]).to(x.dtype).to(tl.float32)
-    return dx, tl.sum(dy * normed, axis=0)
+def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr):
+    """The tile to normalise: x, or with ADD_RESIDUAL x + residual rounded to x.dtype (0 where masked)."""
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
+        # The fp32 sum of two bf16/fp16 values rounds to the same x.dtype value as the native sum.
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+    return x
 
 
 @triton.jit
-def _store_normalized(
+def _store_outputs(
     x,
+    rstd,
     scale_ptr,
     y_ptr,
-    rstd_ptr,
-    rows,
+    sum_ptr,
+    cols,
     offsets,
     mask,
-    n_rows,
     n_cols: tl.constexpr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+):
+    """Stores y for the loaded tile ``x`` with its rows' ``rstd``, and with ADD_RESIDUAL x itself (the sum s)."""
+    if ADD_RESIDUAL:
+        tl.store(sum_ptr + offsets, x, mask=mask)
+    y = _normalized(x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), CASTING)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _forward(
+    x_ptr,
+    residual_ptr,
+    scale_ptr,
+    n_rows,
+    y_ptr,
+    sum_ptr,
+    rstd_ptr,
     eps: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Normalises the loaded tile ``x`` (x.dtype, 0 where masked) and stores y and each row's fp32 rstd."""
-    cols = tl.arange(0, BLOCK_D)
-    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    y, rstd = _normalize(x, scale, n_cols, eps, offset, CASTING)
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    """One program normalises BLOCK_ROWS rows, in one tile or in column blocks, and stores y and each row's rstd."""
+    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    if n_cols <= BLOCK_D:
+        cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
+        rstd = _rstd(_sum_squares(x), n_cols, eps)
+        _store_outputs(x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL)
+    else:
+        sum_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+            sum_squares += _sum_squares(_load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL))
+        rstd = _rstd(sum_squares, n_cols, eps)
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+            x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
+            _store_outputs(
+                x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL
+            )
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
@@ -99,57 +150,11 @@ def rms_norm_fwd(
     BLOCK_D: tl.constexpr,
 ):
     """One program normalises BLOCK_ROWS rows; it stores y and the fp32 rstd of each row."""
-    rows, offsets, mask = row_tile(
-        tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
-    )
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    _store_normalized(x, scale_ptr, y_ptr, rstd_ptr, rows, offsets, mask, n_rows, n_cols, eps, offset, CASTING, BLOCK_D)
-
-
-@triton.jit
-def rms_norm_bwd(
-    dy_ptr,  # [n_rows, n_cols] x.dtype
-    x_ptr,  # [n_rows, n_cols] x.dtype
-    scale_ptr,  # [n_cols] scale.dtype
-    rstd_ptr,  # [n_rows] fp32
-    n_rows,
-    dx_ptr,  # [n_rows, n_cols] x.dtype
-    dscale_partial_ptr,  # [num_programs, n_cols] fp32
-    offset: tl.constexpr,
-    CASTING: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
-    n_cols: tl.constexpr,
-    row_stride: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """dx row by row (see ``_normalize_bwd``) and per-program partial sums of dscale.
-
-    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes
-    its fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
-    """
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    col_mask = cols < n_cols
-    scale = offset + tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
-    rows, offsets, mask = row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-    for tile in range(TILES_PER_PROGRAM):
-        # The next tile's loads are issued before this tile's arithmetic, so memory latency hides behind it.
-        next_first_row = first_row + (tile + 1) * BLOCK_ROWS
-        next_rows, next_offsets, next_mask = row_tile(next_first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-        next_x = tl.load(x_ptr + next_offsets, mask=next_mask, other=0.0)
-        next_dy = tl.load(dy_ptr + next_offsets, mask=next_mask, other=0.0)
-        next_rstd = tl.load(rstd_ptr + next_rows, mask=next_rows < n_rows, other=0.0)
-        dx, tile_dscale = _normalize_bwd(dy.to(tl.float32), x, rstd, scale, n_cols, CASTING)
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dscale += tile_dscale
-        rows, offsets, mask, x, dy, rstd = next_rows, next_offsets, next_mask, next_x, next_dy, next_rstd
-    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=col_mask)
+    # x_ptr and y_ptr stand in for the residual and the sum, which ADD_RESIDUAL=False never touches.
+    _forward(
+        x_ptr, x_ptr, scale_ptr, n_rows, y_ptr, y_ptr, rstd_ptr,
+        eps, offset, CASTING, False, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -170,17 +175,212 @@ def fused_add_rms_norm_fwd(
     BLOCK_D: tl.constexpr,
 ):
     """s = x + residual, rounded to x.dtype and stored, then y = RMSNorm(s) and its rstd, as ``rms_norm_fwd``."""
-    rows, offsets, mask = row_tile(
-        tl.program_id(0).to(tl.int64) * BLOCK_ROWS, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
-    )
+    _forward(
+        x_ptr, residual_ptr, scale_ptr, n_rows, y_ptr, sum_ptr, rstd_ptr,
+        eps, offset, CASTING, True, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sum_g_normed(dy, x, rstd, scale):
+    """Σ g · n over each row of a tile in fp32, with g = dy · scale and n = x · rstd (dy and x as loaded)."""
+    normed = x.to(tl.float32) * rstd[:, None]
+    return tl.sum(dy.to(tl.float32) * scale[None, :] * normed, axis=1)
+
+
+@triton.jit
+def _gradients(dy, x, rstd, scale, mean_gn, CASTING: tl.constexpr):
+    """``(dx, dscale)`` in fp32 of one tile: dx [BLOCK_ROWS, BLOCK_D] and the tile's dscale [BLOCK_D].
+
+    dx = rstd · (g - n · mean(g · n)) with n = x · rstd, g = dy · scale, where ``scale`` [BLOCK_D] fp32 already
+    includes the offset; ``dy`` and ``x`` as loaded (x.dtype), ``rstd`` and ``mean_gn`` [BLOCK_ROWS] fp32, all 0
+    where masked. dscale multiplies dy by n as the forward rounded it (that is what y's dependence on scale is); dx
+    passes straight through the roundings.
+    """
+    dy = dy.to(tl.float32)
+    x_f32 = x.to(tl.float32)
+    normed = x_f32 * rstd[:, None]
+    dx = rstd[:, None] * (dy * scale[None, :] - normed * mean_gn[:, None])
+    if CASTING == CASTING_LLAMA:
+        normed = normed.to(x.dtype).to(tl.float32)
+    elif CASTING == CASTING_NONE:
+        rstd_in = rstd.to(x.dtype).to(tl.float32)
+        normed = (x_f32 * rstd_in[:, None]).to(x.dtype).to(tl.float32)
+    return dx, tl.sum(dy * normed, axis=0)
+
+
+@triton.jit
+def _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT: tl.constexpr):
+    """Stores dx, plus with ADD_COTANGENT the cotangent of s read at the same offsets first (so dx may alias it)."""
+    if ADD_COTANGENT:
+        dx += tl.load(dsum_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows):
+    """dy and x of a tile as stored (0 where masked) and its rows' rstd."""
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
-    # The fp32 sum of two bf16/fp16 values rounds to the same x.dtype value as the native sum.
-    total = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
-    tl.store(sum_ptr + offsets, total, mask=mask)
-    _store_normalized(
-        total, scale_ptr, y_ptr, rstd_ptr, rows, offsets, mask, n_rows, n_cols, eps, offset, CASTING, BLOCK_D
-    )
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    return dy, x, rstd
+
+
+@triton.jit
+def _backward_in_tiles(
+    dy_ptr,
+    dsum_ptr,
+    x_ptr,
+    scale_ptr,
+    rstd_ptr,
+    n_rows,
+    dx_ptr,
+    dscale_partial_ptr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    ADD_COTANGENT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The backward of rows that fit one tile: scale and the program's dscale stay in registers."""
+    pid = tl.program_id(0).to(tl.int64)
+    first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
+    rows = row_block(first_row, BLOCK_ROWS)
+    cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+    scale = _load_scale(scale_ptr, cols, n_cols, offset)
+    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if PREFETCH:
+        dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+    for tile_index in range(TILES_PER_PROGRAM):
+        if not PREFETCH:
+            dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+        next_rows = row_block(first_row + (tile_index + 1) * BLOCK_ROWS, BLOCK_ROWS)
+        _, next_offsets, next_mask = tile(next_rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        if PREFETCH:
+            # The next tile's loads are issued before this tile's arithmetic, so memory latency hides behind it,
+            # at the price of a second tile's registers.
+            next_dy, next_x, next_rstd = _load_backward_tile(
+                dy_ptr, x_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
+            )
+        mean_gn = _sum_g_normed(dy, x, rstd, scale) / n_cols
+        dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
+        _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
+        dscale += tile_dscale
+        rows, offsets, mask = next_rows, next_offsets, next_mask
+        if PREFETCH:
+            dy, x, rstd = next_dy, next_x, next_rstd
+    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=cols < n_cols)
+
+
+@triton.jit
+def _backward_in_column_blocks(
+    dy_ptr,
+    dsum_ptr,
+    x_ptr,
+    scale_ptr,
+    rstd_ptr,
+    n_rows,
+    dx_ptr,
+    dscale_partial_ptr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    ADD_COTANGENT: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The backward of rows longer than a tile: per row tile, one pass for Σ g · n and one for dx and dscale."""
+    pid = tl.program_id(0).to(tl.int64)
+    for tile_index in range(TILES_PER_PROGRAM):
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+            sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
+        mean_gn = sum_gn / n_cols
+        # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
+        tl.debug_barrier()
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+            scale = _load_scale(scale_ptr, cols, n_cols, offset)
+            dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
+            _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
+            add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tile_dscale, tile_index > 0)
+
+
+@triton.jit
+def _backward(
+    dy_ptr,
+    dsum_ptr,
+    x_ptr,
+    scale_ptr,
+    rstd_ptr,
+    n_rows,
+    dx_ptr,
+    dscale_partial_ptr,
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    ADD_COTANGENT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dx row by row and per-program partial sums of dscale, in one tile per row or in column blocks.
+
+    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes
+    its fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
+    """
+    if n_cols <= BLOCK_D:
+        _backward_in_tiles(
+            dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
+            offset, CASTING, ADD_COTANGENT, PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+    else:
+        _backward_in_column_blocks(
+            dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
+            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+
+
+@triton.jit
+def rms_norm_bwd(
+    dy_ptr,  # [n_rows, n_cols] x.dtype
+    x_ptr,  # [n_rows, n_cols] x.dtype
+    scale_ptr,  # [n_cols] scale.dtype
+    rstd_ptr,  # [n_rows] fp32
+    n_rows,
+    dx_ptr,  # [n_rows, n_cols] x.dtype
+    dscale_partial_ptr,  # [num_programs, n_cols] fp32
+    offset: tl.constexpr,
+    CASTING: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dx row by row (see ``_gradients``) and per-program partial sums of dscale (see ``_backward``)."""
+    # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
+    _backward(
+        dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
+        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -195,6 +395,7 @@ def fused_add_rms_norm_bwd(
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     offset: tl.constexpr,
     CASTING: tl.constexpr,
+    PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
@@ -205,19 +406,7 @@ def fused_add_rms_norm_bwd(
 
     Each element of dsum is read before ds is written at the same offset, so ds may alias dsum.
     """
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    col_mask = cols < n_cols
-    scale = offset + tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for tile in range(TILES_PER_PROGRAM):
-        first_row = (pid * TILES_PER_PROGRAM + tile) * BLOCK_ROWS
-        rows, offsets, mask = row_tile(first_row, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-        total = tl.load(sum_ptr + offsets, mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dsum = tl.load(dsum_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        dx, tile_dscale = _normalize_bwd(dy, total, rstd, scale, n_cols, CASTING)
-        tl.store(ds_ptr + offsets, (dx + dsum).to(ds_ptr.dtype.element_ty), mask=mask)
-        dscale += tile_dscale
-    tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=col_mask)
+    _backward(
+        dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr,
+        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip

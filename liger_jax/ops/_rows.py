@@ -1,8 +1,9 @@
 """Launching a row-wise kernel: every ``[..., D]`` operand is a stack of rows, cut into tiles by ``_tiling``.
 
 The kernels this serves share one signature: the array operands, then ``n_rows``, then one pointer per output, then
-their own constexprs, ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum` output), ``n_cols``,
-``row_stride``, ``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``).
+their own constexprs, ``PREFETCH`` and ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum` output),
+``n_cols``, ``row_stride``, ``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``;
+a row longer than BLOCK_D is walked in column blocks).
 """
 
 import dataclasses
@@ -43,7 +44,6 @@ class ColumnSum:
 Output = Rows | RowStats | ColumnSum
 
 
-@functools.cache
 def row_launcher(
     kernel,
     outputs: tuple[Output, ...],
@@ -65,19 +65,34 @@ def row_launcher(
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
 
     Returns:
-        ``launch(*operands) -> tuple of outputs`` as the specs describe them, cached per settings. Operand 0 is
-        ``[..., D]`` (rank ≥ 1, non-empty); ``jax.vmap`` of it folds the batch into the rows (or maps over
-        examples when weights are batched or an output sums over rows).
+        ``launch(*operands) -> tuple of outputs`` as the specs describe them, cached per settings and per the
+        tiling override in force (``_tiling.overridden``). Operand 0 is ``[..., D]`` (rank ≥ 1, non-empty);
+        ``jax.vmap`` of it folds the batch into the rows (or maps over examples when weights are batched or an
+        output sums over rows).
     """
+    return _row_launcher(
+        kernel,
+        outputs,
+        row_argnums=row_argnums,
+        implementation=implementation,
+        aliases=aliases,
+        override=_tiling.current_override(),
+        **constexprs,
+    )
+
+
+@functools.cache
+def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, override, **constexprs):
+    """:func:`row_launcher` for one tiling override (None: the rule's tiling)."""
     reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
 
     def launch(*operands):
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
-        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows)
+        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
         if reduces_rows:
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation)
-            grid_constexprs = {"TILES_PER_PROGRAM": tiles_per_program}
+            grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         else:
             programs, grid_constexprs = _tiling.cdiv(n_rows, tiling.block_rows), {}
         flat = [

@@ -1,20 +1,47 @@
-"""Launch heuristics for row-wise kernels, in one place: block shapes, warps and program counts."""
+"""Launch heuristics for row-wise kernels, in one place: block shapes, warps, prefetching and program counts.
 
+The norm kernels (``liger_jax.kernels.rms_norm``, ``liger_jax.kernels.layer_norm``) are cut as :func:`row_tiling`
+says. A benchmark can force part of that choice with :func:`overridden` (benchmarks/norm_tiling.py does, to measure
+the candidates the rule picks from).
+
+Register counts below are ptxas's for sm_90 (bf16, the kernels compiled by Triton 3.6; benchmarks/norm_tiling.py
+``--registers`` prints them). A thread has at most 65536 / (32 · num_warps) registers when one program fills an SM,
+and what does not fit spills to local memory.
+"""
+
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from collections.abc import Iterator
 
 import jax
 
-# A row lives in one tile. 64K elements keeps a fp32 row in registers of a 16-warp program (128 per thread).
-MAX_FUSED_COLS = 65536
 # Rows shorter than this share a program, so each program still moves enough bytes to hide memory latency.
 TILE_ELEMENTS = 4096
 # The same for the norm kernels, as measured on the H200 (see row_tiling).
 ROW_TILE_ELEMENTS = 2048
 MAX_BLOCK_ROWS = 64
+# The longest row a forward norm kernel keeps in one tile, in registers: at 32768 columns and 32 warps the three
+# forward kernels use at most 64 registers per thread and spill nothing; at 65536 every warp count spills.
+MAX_FORWARD_TILE_COLS = 32768
+# The same for the backward kernels, which also hold fp32 rows of scale and of the program's dscale. At 16384 columns
+# they spill 112-272 bytes per thread at 16 or 32 warps (into L1: Liger's 16-warp torch kernel runs at 95% of the
+# HBM floor there, against 10% for an 8-warp kernel that prefetches and spills 4 KB); at 32768, 530 bytes or more.
+MAX_BACKWARD_TILE_COLS = 16384
+# Longer rows are walked in blocks of this many columns, at 16 warps (8 columns per thread: one 16-byte bf16 vector
+# per operand); every norm kernel compiles to at most 64 registers that way, without spilling.
+COLUMN_BLOCK = 4096
+COLUMN_BLOCK_WARPS = 16
+# Tiles up to this size keep the warp counts measured on the H200 (see row_tiling); wider ones get 32 elements of a
+# row per thread (Liger's 16 warps at 16384 columns, 32 at 32768): the forward kernels fit that without spilling.
+MEASURED_TILE_LIMIT = 8192
+WIDE_TILE_ELEMENTS_PER_WARP = 1024
+MAX_WARPS = 32
 # Programs per multiprocessor for kernels that reduce across rows: enough resident programs to keep HBM busy,
 # few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
 PROGRAMS_PER_SM = 4
+WIDE_ROW_PROGRAMS_PER_SM = 2
 # The interpreter runs programs one after another; a handful exercises the partial-sum path without the wait.
 INTERPRETER_PROGRAMS = 3
 
@@ -37,28 +64,93 @@ def cdiv(a: int, b: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class RowTiling:
     """How a [n_rows, n_cols] row-wise kernel is cut: BLOCK_ROWS × BLOCK_D tiles, ``num_warps`` each, and (for
-    kernels that sum over rows) ``programs_per_sm`` resident programs walking the tiles."""
+    kernels that sum over rows) ``programs_per_sm`` resident programs walking the tiles, loading the next tile
+    before computing the current one when ``prefetch``. A row longer than ``block_d`` is walked in column blocks.
+    """
 
     block_rows: int
     block_d: int
     num_warps: int
     programs_per_sm: int = PROGRAMS_PER_SM
+    prefetch: bool = False
 
 
-def row_tiling(n_cols: int, *, reduces_rows: bool = False) -> RowTiling:
-    """Tile shape and warps for rows of ``n_cols`` elements (n_cols ≤ MAX_FUSED_COLS).
+@dataclasses.dataclass(frozen=True)
+class TilingOverride:
+    """Settings forced on :func:`row_tiling`; None leaves the rule's choice.
+
+    Attributes:
+        block_d: columns per tile, a power of two; a row longer than this is walked in column blocks, and a
+            shorter one gets one tile of its own length rounded up to a power of two.
+        num_warps: warps per program.
+        prefetch: whether the backward kernels load the next row tile before computing this one (one-tile rows
+            only; column blocks are never prefetched).
+    """
+
+    block_d: int | None = None
+    num_warps: int | None = None
+    prefetch: bool | None = None
+
+    def __post_init__(self):
+        if self.block_d is not None and (self.block_d < 1 or self.block_d & (self.block_d - 1)):
+            raise ValueError(f"block_d must be a power of two, got {self.block_d}")
+
+
+_OVERRIDE: contextvars.ContextVar[TilingOverride | None] = contextvars.ContextVar("row_tiling_override", default=None)
+
+
+@contextlib.contextmanager
+def overridden(override: TilingOverride) -> Iterator[None]:
+    """Row-wise ops traced inside this context launch their kernels with ``override`` forced on the rule.
+
+    The override is read when an op is traced (its launchers are built then, see ``ops._rows.row_launcher``), so it
+    holds for everything a ``jax.jit`` traces inside the context; a program traced before keeps its tiling.
+    """
+    token = _OVERRIDE.set(override)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def current_override() -> TilingOverride | None:
+    """The override of the innermost :func:`overridden` context, or None outside one."""
+    return _OVERRIDE.get()
+
+
+def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverride | None = None) -> RowTiling:
+    """Tile shape, warps and prefetching for rows of ``n_cols`` elements.
 
     Measured on the H200 (bf16, D = 1024, 4096, 8192; benchmarks/RESULTS.md): 2048-element tiles with 4 warps
     serve the one-pass kernels best up to D = 8192, wider rows need more warps to keep registers per thread low;
-    the kernels that walk tiles and sum over rows want 8 warps and 2 programs per SM from D = 4096.
+    the kernels that walk tiles and sum over rows want 8 warps, 2 programs per SM and prefetching from D = 4096.
+    Wider rows follow the register counts (see the constants): one tile up to MAX_FORWARD_TILE_COLS and
+    MAX_BACKWARD_TILE_COLS, without prefetching beyond MEASURED_TILE_LIMIT (a second tile does not fit), column
+    blocks beyond. ``override`` (see :func:`overridden`) replaces any of block_d, warps and prefetching.
     """
-    block_d = next_power_of_2(n_cols)
+    override = override or TilingOverride()
+    max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
+    block_d = override.block_d or (next_power_of_2(n_cols) if n_cols <= max_tile_cols else COLUMN_BLOCK)
+    block_d = min(block_d, next_power_of_2(n_cols))
+    one_tile = block_d >= n_cols
     block_rows = rows_per_tile(block_d, ROW_TILE_ELEMENTS)
     tile = block_rows * block_d
-    num_warps = max(4, min(16, tile // 2048))
-    if reduces_rows and block_d >= 4096:
-        return RowTiling(block_rows=block_rows, block_d=block_d, num_warps=max(8, num_warps), programs_per_sm=2)
-    return RowTiling(block_rows=block_rows, block_d=block_d, num_warps=num_warps)
+    if not one_tile:
+        num_warps = COLUMN_BLOCK_WARPS
+    elif tile <= MEASURED_TILE_LIMIT:
+        num_warps = max(8 if reduces_rows and block_d >= 4096 else 4, min(16, tile // 2048))
+    else:
+        num_warps = min(MAX_WARPS, tile // WIDE_TILE_ELEMENTS_PER_WARP)
+    prefetch = reduces_rows and tile <= MEASURED_TILE_LIMIT
+    if override.prefetch is not None:
+        prefetch = override.prefetch
+    return RowTiling(
+        block_rows=block_rows,
+        block_d=block_d,
+        num_warps=override.num_warps or num_warps,
+        programs_per_sm=WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM,
+        prefetch=prefetch and one_tile,
+    )
 
 
 @functools.cache

@@ -4,9 +4,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _tiling
+from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._numerics import rounded
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 from liger_jax.ops.rms_norm import _CASTING_CODES, CastingMode, rms_norm_reference
@@ -54,13 +55,14 @@ def fused_add_rms_norm(
 
     Raises:
         TypeError: x, residual or scale is not floating point, or residual's dtype differs from x's.
-        ValueError: x has rank 0, residual's shape differs from x's, scale is not ``(D,)``, a setting is unknown,
-            or (kernels only) D exceeds 65536, the single-tile limit; longer rows need ``implementation="xla"``.
+        ValueError: x has rank 0, residual's shape differs from x's, scale is not ``(D,)`` or a setting is unknown.
 
     Example:
         >>> hidden, residual = liger_jax.fused_add_rms_norm(attention_out, residual, scale)
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(
+        implementation, "fused_add_rms_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0
+    )
     _checks.check_floating("x", x, implementation)
     _checks.check_floating("residual", residual, implementation)
     _checks.check_floating("scale", scale, implementation)
@@ -73,7 +75,6 @@ def fused_add_rms_norm(
         return fused_add_rms_norm_reference(
             x, residual, scale, epsilon=epsilon, offset=offset, casting_mode=casting_mode
         )
-    _checks.check_max_cols("x", x.shape[-1], _tiling.MAX_FUSED_COLS)
     if x.size == 0:
         return jnp.zeros_like(x), jnp.zeros_like(x)
     return _fused_add_rms_norm(x, residual, scale, float(epsilon), float(offset), casting_mode, implementation)

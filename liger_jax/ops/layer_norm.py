@@ -4,9 +4,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _tiling
+from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 
 
@@ -42,13 +43,12 @@ def layer_norm(
 
     Raises:
         TypeError: x, scale or bias is not floating point.
-        ValueError: x has rank 0, scale or bias is not ``(D,)``, an unknown implementation, or (kernels only) D
-            exceeds 65536, the single-tile limit; longer rows need ``implementation="xla"``.
+        ValueError: x has rank 0, scale or bias is not ``(D,)``, or an unknown implementation.
 
     Example:
         >>> y = liger_jax.layer_norm(x, scale, bias, epsilon=1e-5)
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(implementation, "layer_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0)
     _checks.check_floating("x", x, implementation)
     _checks.check_min_rank("x", x, 1)
     for name, weight in (("scale", scale), ("bias", bias)):
@@ -57,7 +57,6 @@ def layer_norm(
             _checks.check_shape(name, weight, x.shape[-1:], "the last axis of x")
     if implementation == "xla":
         return layer_norm_reference(x, scale, bias, epsilon=epsilon)
-    _checks.check_max_cols("x", x.shape[-1], _tiling.MAX_FUSED_COLS)
     if x.size == 0:
         return jnp.zeros_like(x)
     # A missing weight is its identity: x · 1 and x + 0 are exact in fp32, so the numerics do not change.

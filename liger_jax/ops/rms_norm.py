@@ -5,9 +5,10 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _tiling
+from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._numerics import rounded
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 
@@ -55,13 +56,12 @@ def rms_norm(
 
     Raises:
         TypeError: x or scale is not floating point.
-        ValueError: x has rank 0, scale is not ``(D,)``, a setting is unknown, or (kernels only) D exceeds
-            65536, the single-tile limit; longer rows need ``implementation="xla"``.
+        ValueError: x has rank 0, scale is not ``(D,)`` or a setting is unknown.
 
     Example:
         >>> y = liger_jax.rms_norm(x, scale, epsilon=1e-6)
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(implementation, "rms_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0)
     _checks.check_floating("x", x, implementation)
     _checks.check_floating("scale", scale, implementation)
     _checks.check_min_rank("x", x, 1)
@@ -69,7 +69,6 @@ def rms_norm(
     _checks.check_choice("casting_mode", casting_mode, tuple(_CASTING_CODES))
     if implementation == "xla":
         return rms_norm_reference(x, scale, epsilon=epsilon, offset=offset, casting_mode=casting_mode)
-    _checks.check_max_cols("x", x.shape[-1], _tiling.MAX_FUSED_COLS)
     if x.size == 0:
         return jnp.zeros_like(x)
     return _rms_norm(x, scale, float(epsilon), float(offset), casting_mode, implementation)
