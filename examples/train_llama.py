@@ -36,6 +36,7 @@ from liger_jax import runtime
 from liger_jax.flax_layers import apply_liger
 from liger_jax.models import LlamaConfig, LlamaForCausalLM, llama_config, training
 from liger_jax.models import sharding as model_sharding
+from liger_jax.ops import _dispatch
 
 # Peak AdamW learning rates: a ~2M-parameter byte model tolerates 3e-3; billion-scale Llamas train near 3e-4.
 DEFAULT_LEARNING_RATES = {"tiny": 3e-3, "mini": 1e-3, "small": 6e-4, "1b": 3e-4}
@@ -119,6 +120,19 @@ def build_model(config: LlamaConfig, args: argparse.Namespace) -> tuple[LlamaFor
     return model, counts
 
 
+def op_implementations(config: LlamaConfig, args: argparse.Namespace) -> dict[str, str]:
+    """The implementation each swapped op runs at this run's shapes: ``--implementation``, or the default with the
+    size rule (:mod:`liger_jax.ops._dispatch`) applied to the whole batch's operands."""
+    tokens = args.batch_size * args.seq_len
+    elements = {
+        "rms_norm": tokens * config.hidden_size,
+        "swiglu": tokens * config.intermediate_size,
+        "rope": tokens * (config.num_heads + config.num_kv_heads) * config.head_dim,
+        "fused_linear_cross_entropy": tokens * config.vocab_size,
+    }
+    return {op: _dispatch.resolve(args.implementation, op, size) for op, size in elements.items()}
+
+
 def evaluation_loss(graphdef, state: training.TrainState, tokens: np.ndarray, args: argparse.Namespace) -> float:
     """Mean loss of the trained model over ``--eval-batches`` held-out batches."""
     loss = jax.jit(lambda state, x, y: nnx.merge(graphdef, state.params, state.rest).loss(x, y))
@@ -192,9 +206,10 @@ def train(args: argparse.Namespace) -> dict:
         state = model_sharding.shard_train_state(state, mesh, config)
     step = training.make_train_step(graphdef, optimizer)
     implementation = runtime.resolve_implementation(args.implementation) if args.liger else "flax"
+    op_choices = op_implementations(config, args) if args.liger else {}
     print(
         f"{args.config}: {training.parameter_count(state) / 1e6:.2f}M params, {config.dtype}, liger={args.liger} "
-        f"({implementation}), swapped {counts}, {jax.devices()[0].device_kind}"
+        f"({implementation}; per op {op_choices}), swapped {counts}, {jax.devices()[0].device_kind}"
     )
     batches = byte_corpus.batches(train_tokens, args.batch_size, args.seq_len, seed=args.seed)
     if mesh is not None:
@@ -208,6 +223,7 @@ def train(args: argparse.Namespace) -> dict:
         "params": training.parameter_count(state),
         "liger": args.liger,
         "implementation": implementation,
+        "op_implementations": op_choices,
         "swapped": counts,
         "device": jax.devices()[0].device_kind,
         "mesh": args.mesh,
@@ -231,8 +247,9 @@ def train(args: argparse.Namespace) -> dict:
     return summary
 
 
-def report(summary: dict, out: Path) -> None:
-    """Prints the headline numbers and writes ``summary.json`` and ``loss.png`` into ``out``."""
+def report(summary: dict, out: Path, model_name: str = "Llama") -> None:
+    """Prints the headline numbers and writes ``summary.json`` and ``loss.png`` (titled after ``model_name``) into
+    ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,7 +260,7 @@ def report(summary: dict, out: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4))
     axes.plot(np.arange(1, len(summary["losses"]) + 1), summary["losses"], linewidth=1)
     axes.set(xlabel="step", ylabel="train loss (nats/byte)", yscale="log")
-    axes.set_title(f"{summary['config']} Llama, liger={summary['liger']} ({summary['implementation']})")
+    axes.set_title(f"{summary['config']} {model_name}, liger={summary['liger']} ({summary['implementation']})")
     axes.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     figure.savefig(out / "loss.png", dpi=120)

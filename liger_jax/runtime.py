@@ -10,7 +10,9 @@ Three implementations share one switch:
 * ``"xla"``: no kernel at all; each op falls back to its pure-JAX reference. :func:`launch` is never called.
 
 The default is ``$LIGER_JAX_IMPLEMENTATION`` when set, else ``"interpret"`` when ``TRITON_INTERPRET=1``, else
-``"triton"`` on a GPU backend with jax-triton installed, else ``"xla"``.
+``"triton"`` on a GPU backend with jax-triton installed, else ``"xla"``. Where that default is ``"triton"``, ops
+on small operands run ``"xla"`` instead (the size rule, :mod:`liger_jax.ops._dispatch`). Launches are lowered to
+jaxlib's command-buffer-compatible FFI custom call (:mod:`liger_jax._triton_ffi`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from liger_jax import _host_call, _manual_axes
+from liger_jax import _host_call, _manual_axes, _triton_ffi
 
 Implementation = Literal["triton", "interpret", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("triton", "interpret", "xla")
@@ -40,7 +42,7 @@ def _interpreter_enabled() -> bool:
 def _jax_triton_error() -> str | None:
     """Why jax-triton cannot be used here, or None when it can."""
     try:
-        import jax_triton  # noqa: F401
+        _jax_triton()
     except Exception as error:  # jax_triton raises more than ImportError without a GPU.
         return f"jax-triton could not be imported ({type(error).__name__}: {error}); install liger-jax[gpu]"
     return None
@@ -67,6 +69,11 @@ def default_implementation() -> Implementation:
             return "triton"
         warnings.warn(f"liger_jax falls back to the XLA reference: {_jax_triton_error()}", stacklevel=3)
     return "xla"
+
+
+def implementation_from_environment() -> bool:
+    """Whether ``$LIGER_JAX_IMPLEMENTATION`` sets the implementation of every op called with None."""
+    return bool(os.environ.get(ENV_VAR))
 
 
 def _validate(implementation: str, source: str) -> Implementation:
@@ -133,7 +140,8 @@ def launch(
         num_warps: warps per program (GPU only).
         num_stages: software-pipelining stages (GPU only).
         input_output_aliases: ``{input_index: output_index}`` for inputs that are dead after the call, so the
-            output reuses their buffer (the input index counts only array arguments, as jax-triton does).
+            output reuses their buffer (the input index counts only array arguments, as jax-triton 0.3 does; with
+            jax-triton 0.4 the output gets a buffer of its own). The output still gets its own kernel parameter.
         **constexprs: the kernel's constexpr parameters.
 
     Returns:
@@ -164,24 +172,53 @@ def launch(
 
 
 @functools.cache
+def _jax_triton():
+    """The jax_triton module, its kernel calls made traceable by the installed jax.
+
+    jax 0.12 calls dead-code-elimination rules as ``rule(used_outputs, live_inputs, eqn)``; jax-triton 0.4.1 registers
+    ``rule(used_outputs, eqn)`` for its kernel call, so tracing any jitted launch raised a TypeError. Such a rule is
+    wrapped; a jax-triton whose rule takes jax's arguments is left as it is.
+    """
+    import jax_triton
+    from jax.interpreters import partial_eval
+
+    kernel_call = jax_triton.triton_lib.triton_kernel_call_p
+    rule = partial_eval.dce_rules.get(kernel_call)
+    jax_arity = len(inspect.signature(partial_eval.dce_jaxpr_closed_call_rule).parameters)
+    if rule is not None and jax_arity == 3 and len(inspect.signature(rule).parameters) == 2:
+        partial_eval.dce_rules[kernel_call] = lambda used_outputs, live_inputs, eqn: rule(used_outputs, eqn)
+    return jax_triton
+
+
+@functools.cache
 def _out_shape_keyword() -> str:
     """jax-triton 0.3 names the output argument ``out_shape``; 0.4 renamed it ``out_type``."""
-    import jax_triton
-
-    parameters = inspect.signature(jax_triton.triton_call).parameters
+    parameters = inspect.signature(_jax_triton().triton_call).parameters
     return "out_shape" if "out_shape" in parameters else "out_type"
 
 
-def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs):
-    import jax_triton
+def _kernel_aliases(aliases: dict[int, int]) -> dict[int, int]:
+    """The ``input_output_aliases`` to give jax-triton for liger_jax's kernels, which take one pointer per output.
 
+    jax-triton 0.3 passes an aliased output's pointer too (to the input's buffer). 0.4 passes none (the kernel is to
+    write through the input's pointer) and counts scalars among the inputs; there every output gets a buffer of its
+    own, which only gives up the memory reuse: each kernel writes every element of its outputs.
+    """
+    return aliases if _out_shape_keyword() == "out_shape" else {}
+
+
+def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs):
+    jax_triton = _jax_triton()
+
+    _triton_ffi.install()  # jax-triton 0.3's legacy custom call cannot join XLA's command buffers
     outputs = jax_triton.triton_call(
         *args,
         kernel=kernel,
+        name=_triton_ffi.NAME_PREFIX + kernel.__name__,
         grid=grid,
         num_warps=num_warps,
         num_stages=num_stages,
-        input_output_aliases=aliases,
+        input_output_aliases=_kernel_aliases(aliases),
         **{_out_shape_keyword(): list(out_shapes)},
         **constexprs,
     )

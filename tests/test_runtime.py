@@ -127,3 +127,40 @@ def test_interpret_without_the_interpreter_flag_says_so(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         runtime.resolve_implementation("interpret")
+
+
+def _double_and_copy(x_ptr, n, y_ptr, z_ptr, BLOCK: tl.constexpr):
+    """y = 2x (y may alias x) and z = x: decorated in the test below, for the GPU and not the interpreter."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    value = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(z_ptr + offsets, value, mask=offsets < n)
+    tl.store(y_ptr + offsets, value * 2.0, mask=offsets < n)
+
+
+def test_triton_launch_traces_through_the_installed_jax_triton(monkeypatch):
+    """The GPU launch binds to the installed ``triton_call`` (0.3: ``out_shape``, 0.4: ``out_type``, where aliased
+    outputs lose their kernel parameter) and survives jit's dead-code elimination (jax 0.12's rule arguments)."""
+    pytest.importorskip("jax_triton", reason="jax-triton imports only with a CUDA jaxlib before 0.4")
+    from jax.interpreters import partial_eval
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kernel = triton.jit(_double_and_copy)
+    x = jnp.arange(10, dtype=jnp.float32)
+
+    def launch(x):
+        return runtime.launch(
+            kernel,
+            x,
+            x.size,
+            out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype)),
+            grid=(1,),
+            implementation="triton",
+            input_output_aliases={0: 0},
+            BLOCK=16,
+        )
+
+    jaxpr = jax.make_jaxpr(launch)(x).jaxpr
+    (call,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "triton_kernel_call"]
+    assert [var.aval.shape for var in call.outvars] == [x.shape, x.shape]
+    pruned, _ = partial_eval.dce_jaxpr(jaxpr, [False, True])
+    assert [eqn.primitive.name for eqn in pruned.eqns].count("triton_kernel_call") == 1

@@ -30,6 +30,13 @@ def test_example_trains_and_reports(tmp_path, liger):
     assert summary["liger"] == (liger == "--liger")
     if summary["liger"]:
         assert summary["swapped"]["rms_norm"] == 9 and summary["swapped"]["fused_linear_cross_entropy"] == 1
+        # Shapes this small run XLA by the size rule where the default is Triton; the interpreter, or an
+        # implementation set for every op by the environment, keeps the kernels.
+        expected = summary["implementation"]
+        if expected == "triton" and not os.environ.get("LIGER_JAX_IMPLEMENTATION"):
+            expected = "xla"
+        ops = ("rms_norm", "swiglu", "rope", "fused_linear_cross_entropy")
+        assert summary["op_implementations"] == dict.fromkeys(ops, expected)
         assert summary["sample"].startswith("Alice ") and len(summary["sample"]) > len("Alice ")
     for line in ("tokens/s (compile excluded):", "peak device memory:", "loss:"):
         assert line in result.stdout

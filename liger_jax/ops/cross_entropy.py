@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks
+from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._cross_entropy_checks import check_labels, loss_settings
 from liger_jax.ops._cross_entropy_rows import (
     LossSettings,
@@ -82,7 +82,7 @@ def cross_entropy(
     Example:
         >>> loss = liger_jax.cross_entropy(logits, labels, label_smoothing=0.1)
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(implementation, "cross_entropy", np.size(logits))
     settings = loss_settings(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import _manual_axes, runtime
-from liger_jax.ops import _checks, vocab_parallel
+from liger_jax.ops import _checks, _dispatch, vocab_parallel
 from liger_jax.ops._cross_entropy_checks import check_labels, loss_settings
 from liger_jax.ops._cross_entropy_rows import (
     LossSettings,
@@ -24,15 +24,26 @@ from liger_jax.ops.cross_entropy import Reduction, cross_entropy_reference
 WeightLayout = Literal["hv", "vh"]
 WEIGHT_LAYOUTS = ("hv", "vh")
 
-# Rows per chunk. Each chunk re-reads the weight in two matmuls (logits, dx) and reads and writes the dW accumulator
-# once: H·V·(2·itemsize + 2·accum itemsize) bytes, against 6·C·H·V matmul flops. From C ≈ 1024 rows that traffic
-# hides under the flops on an H200 (~650 TFLOP/s over ~3.4 TB/s ≈ 190 flop/byte), even with an fp32 accumulator.
-# (Liger sizes a chunk's logits like x, 256 rows at H=4096, V=128k: 32 passes over a 2 GiB fp32 dW, ~40 ms.)
-# Measured on the H200 (N=8192, H=4096, V=128256 bf16, fwd+bwd): 1024 rows 43.7 ms, 2048 rows 41.8 ms (95% of the
-# matmul floor, XLA's speed), 4096 rows 42.2 ms; each doubling adds 256 MiB of chunk logits.
-DEFAULT_CHUNK_ROWS = 2048
-# A chunk's logits, which their gradient then overwrites in place, stay below this: 2048 rows × 128k bf16 = 501 MiB.
-MAX_CHUNK_LOGITS_BYTES = 512 * 2**20
+# How the rows are cut into chunks: the one place that decides it (default_chunk_rows).
+#
+# One chunk's logits (and their gradient, written over them) may take as many bytes as the larger of x and the
+# dweight accumulator (H × V in accum_dtype): memory a step holds anyway, so the chunk at most doubles it, and the
+# bound grows with the inputs, never with N × V. Liger sizes a chunk by x alone (256 rows at N=8192, H=4096,
+# V=128256: 32 passes over a 2 GiB fp32 dweight); the accumulator term keeps a large head's chunks large enough for
+# full-speed matmuls, and a small head's small (512 rows at N=4096, H=256, V=32768 fp32, where 2048-row chunks
+# kept 514 MiB of temporaries, as much as the N × V fp32 logits).
+#
+# Below this, a chunk is launch-bound: 64 MiB of logits take ~20 µs per pass at the H200's ~3.4 TB/s and a chunk
+# makes ~5 passes (matmul write, loss kernel read and overwrite, dx and dweight matmul reads), against ~10-20 µs of
+# fixed cost per chunk (its kernel launches and the loop's step). Only small heads and few rows fall back on it.
+MIN_CHUNK_LOGITS_BYTES = 64 * 2**20
+# Beyond this, larger chunks only cost memory. Each chunk reads the weight twice (logits, dx) and reads and writes the
+# fp32 dweight accumulator once: 8·H·V bytes against the dweight matmul's 2·C·H·V flops, C/4 flop per byte, above
+# the H200's ~190 (650 TFLOP/s over 3.4 TB/s) from C ≈ 1024. Measured on the H200 (N=8192, H=4096, V=128256 bf16,
+# fwd+bwd): 1024 rows 43.7 ms, 2048 rows 41.8 ms (95% of the matmul floor, XLA's speed), 4096 rows 42.2 ms.
+MAX_CHUNK_ROWS = 2048
+# Chunks of whole matmul tiles (128 rows on Hopper's tensor-core GEMMs): a partial tile would be computed anyway.
+CHUNK_ROW_MULTIPLE = 128
 
 
 def fused_linear_cross_entropy(
@@ -66,10 +77,18 @@ def fused_linear_cross_entropy(
 
     Memory: besides its inputs and outputs, a step holds one chunk's logits (``chunk × V``, overwritten by their
     gradient), the ``dweight`` accumulator (``H × V`` in ``accum_dtype``), ``dx`` (``N × H``) and ``dbias`` — never
-    ``N × V``. The default chunk is 2048 rows (fewer when its logits would pass 512 MiB): large enough that the
-    per-chunk passes over the weight and the accumulator hide under the matmul flops, small enough that the chunk's
-    logits stay a fraction of the weight. The ``"xla"`` implementation runs the same chunked loop with a pure-JAX
-    loss, so CPU and TPU users get the same memory bound.
+    ``N × V``. By default one chunk's logits, and their gradient, each take at most
+
+        ``bound = max(bytes of x, H · V · itemsize(accum_dtype), 64 MiB)``
+
+    (:func:`chunk_logits_bound`; with a sharded input, of each device's rows and vocabulary slice): memory the step
+    holds anyway in ``x`` and the accumulator. The chunk is the most rows within that bound, up to 2048 (where
+    the per-chunk passes over the weight and the accumulator hide under the matmul flops; larger chunks gain no
+    speed), in multiples of 128 rows. The compiled temporaries are then a few times the bound whatever N and V
+    are, and below a quarter of the full fp32 logits (``N · V · 4`` bytes) whenever those are at least 64 times
+    the bound. A Llama-3-8B head (H=4096, V=128256, bf16) gets 2048 rows (501 MiB of chunk logits); an fp32 head
+    of H=256 over V=32768 classes gets 512 rows (the 64 MiB floor). The ``"xla"`` implementation runs the same
+    chunked loop with a pure-JAX loss, so CPU and TPU users get the same bound.
 
     Numerics: loss math as :func:`liger_jax.cross_entropy` (fp32 softmax whatever the dtype); logits and their
     gradient in ``result_type(x, weight)``; ``dweight``/``dbias`` summed over chunks in ``accum_dtype`` (fp32 by
@@ -88,7 +107,7 @@ def fused_linear_cross_entropy(
         weight_layout: ``"hv"`` or ``"vh"``, as above.
         accum_dtype: dtype of the ``dweight``/``dbias`` accumulators. With the weight's own dtype the accumulator
             can be the gradient buffer itself (least memory: no ``H × V`` fp32 temporary).
-        chunk_size: rows per chunk, or None for the default above.
+        chunk_size: rows per chunk (overrides the bound above), or None for the default above.
         implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for the default (see
             :mod:`liger_jax.runtime`).
 
@@ -106,7 +125,9 @@ def fused_linear_cross_entropy(
         >>> loss = liger_jax.fused_linear_cross_entropy(hidden, lm_head_kernel, labels)
         >>> loss = liger_jax.fused_linear_cross_entropy(hidden, embedding_table, labels, weight_layout="vh")
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(
+        implementation, "fused_linear_cross_entropy", _dispatch.logits_elements(labels, weight, weight_layout)
+    )
     settings = loss_settings(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
@@ -132,7 +153,7 @@ def fused_linear_cross_entropy(
         plan = _ChunkPlan(
             settings=settings,
             weight_layout=weight_layout,
-            chunk_rows=min(int(chunk_size or default_chunk_rows(n_classes, logits_dtype.itemsize)), labels.size),
+            chunk_rows=None if chunk_size is None else int(chunk_size),
             logits_dtype=logits_dtype,
             accum_dtype=jnp.dtype(accum_dtype),
             x_dtype=x.dtype,
@@ -182,12 +203,23 @@ def _logits_reference(x, weight, bias, weight_layout, logits_dtype):
     return logits
 
 
-def default_chunk_rows(n_classes: int, logits_itemsize: int) -> int:
-    """Rows per chunk: DEFAULT_CHUNK_ROWS, halved while a chunk's logits exceed MAX_CHUNK_LOGITS_BYTES."""
-    rows = DEFAULT_CHUNK_ROWS
-    while rows > 1 and rows * n_classes * logits_itemsize > MAX_CHUNK_LOGITS_BYTES:
-        rows //= 2
-    return rows
+def chunk_logits_bound(n_rows: int, hidden: int, n_classes: int, x_dtype, accum_dtype=jnp.float32) -> int:
+    """Bytes one chunk's logits (and, separately, their gradient) may take by default for ``x`` ``[n_rows, hidden]``
+    and a weight with ``n_classes`` classes: ``max(bytes of x, bytes of the H × V dweight accumulator,
+    MIN_CHUNK_LOGITS_BYTES)``. Under sharding, of each device's block of x and slice of the vocabulary."""
+    x_bytes = n_rows * hidden * jnp.dtype(x_dtype).itemsize
+    accumulator_bytes = hidden * n_classes * jnp.dtype(accum_dtype).itemsize
+    return max(x_bytes, accumulator_bytes, MIN_CHUNK_LOGITS_BYTES)
+
+
+def default_chunk_rows(n_rows: int, hidden: int, n_classes: int, x_dtype, logits_dtype, accum_dtype=jnp.float32) -> int:
+    """Rows per chunk when ``chunk_size`` is None: as many as keep the chunk's ``logits_dtype`` logits within
+    :func:`chunk_logits_bound`, at most MAX_CHUNK_ROWS and ``n_rows``, whole CHUNK_ROW_MULTIPLEs from there up."""
+    bound = chunk_logits_bound(n_rows, hidden, n_classes, x_dtype, accum_dtype)
+    rows = min(MAX_CHUNK_ROWS, bound // (n_classes * jnp.dtype(logits_dtype).itemsize))
+    if rows >= CHUNK_ROW_MULTIPLE:
+        rows -= rows % CHUNK_ROW_MULTIPLE
+    return max(1, min(rows, n_rows))
 
 
 def _rounded(value: jax.Array, dtype) -> jax.Array:
@@ -219,7 +251,7 @@ class _ChunkPlan:
 
     settings: LossSettings
     weight_layout: str
-    chunk_rows: int
+    chunk_rows: int | None  # None: default_chunk_rows of each device's block
     logits_dtype: np.dtype
     accum_dtype: np.dtype
     x_dtype: np.dtype
@@ -288,7 +320,13 @@ def _run_local_chunks(x, weight, bias, labels, grad_scale, plan: _ChunkPlan, voc
             )
         return results._replace(loss=write_rows(results.loss, loss), z_loss=write_rows(results.z_loss, z_loss))
 
-    chunk_rows = min(plan.chunk_rows, n_rows)  # a device's share of the rows may be less than a chunk
+    # Each device sizes its chunks from its own block; its rows may be fewer than an explicit chunk_size.
+    n_classes = weight.shape[1 if plan.weight_layout == "hv" else 0]
+    chunk_rows = min(
+        plan.chunk_rows
+        or default_chunk_rows(n_rows, x.shape[1], n_classes, x.dtype, plan.logits_dtype, plan.accum_dtype),
+        n_rows,
+    )
     full_chunks, remainder = divmod(n_rows, chunk_rows)
     results = jax.lax.fori_loop(0, full_chunks, lambda i, results: step(i * chunk_rows, chunk_rows, results), results)
     if remainder:

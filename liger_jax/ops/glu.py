@@ -6,14 +6,16 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _tiling
+from liger_jax.ops import _checks, _dispatch, _tiling
 from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._partitioning import partitioned
 
 Activation = Literal["silu", "gelu_tanh"]
-_ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
+# The kernels' ACTIVATION constexpr for each activation, by the name of its code in liger_jax.kernels.glu.
+_ACTIVATION_CODES = {"silu": "SILU", "gelu_tanh": "GELU_TANH"}
 
 # Launch heuristics. 4096 contiguous elements per program at 8 warps is 16 per thread: two 128-bit loads of bf16
 # per operand, enough bytes in flight per program to stream at HBM speed, and few programs to schedule.
@@ -85,10 +87,11 @@ def _reference(gate: jax.Array, up: jax.Array, activation: Callable[[jax.Array],
 
 
 _REFERENCES = {"silu": swiglu_reference, "gelu_tanh": geglu_reference}
+_OP_NAMES = {"silu": "swiglu", "gelu_tanh": "geglu"}  # as the size rule knows them
 
 
 def _gated(gate, up, activation: Activation, implementation):
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(implementation, _OP_NAMES[activation], np.size(gate))
     _checks.check_floating("gate", gate, implementation)
     _checks.check_floating("up", up, implementation)
     _checks.check_shape("up", up, gate.shape, "gate's shape")
@@ -133,7 +136,7 @@ def _forward_launcher(activation, implementation):
             implementation=implementation,
             num_warps=_NUM_WARPS,
             n=n,
-            ACTIVATION=_ACTIVATION_CODES[activation],
+            ACTIVATION=getattr(kernels, _ACTIVATION_CODES[activation]).value,
             BLOCK=_BLOCK,
         )
         return out.reshape(gate.shape)
@@ -159,7 +162,7 @@ def _backward_launcher(activation, implementation):
             num_warps=_NUM_WARPS,
             input_output_aliases={0: 0},
             n=n,
-            ACTIVATION=_ACTIVATION_CODES[activation],
+            ACTIVATION=getattr(kernels, _ACTIVATION_CODES[activation]).value,
             BLOCK=_BLOCK,
         )
         return dgate.reshape(gate.shape), dup.reshape(up.shape)

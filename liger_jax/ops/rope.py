@@ -5,10 +5,11 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _tiling
+from liger_jax.ops import _checks, _dispatch, _tiling
 from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._partitioning import partitioned
 
@@ -64,7 +65,7 @@ def apply_rotary_pos_emb(
         >>> cos, sin = liger_jax.rope_cos_sin(jnp.arange(seq_len), head_dim)
         >>> q, k = liger_jax.apply_rotary_pos_emb(q, k, cos, sin)
     """
-    implementation = runtime.resolve_implementation(implementation)
+    implementation = _dispatch.resolve(implementation, "rope", np.size(q) + np.size(k))
     _check_inputs(q, k, cos, sin, implementation)
     if implementation == "xla" or q.size == 0:
         return apply_rotary_pos_emb_reference(q, k, cos, sin, interleaved=interleaved)

@@ -1,0 +1,73 @@
+"""The size rule: where a kernel cannot beat XLA, ``implementation=None`` runs the op's XLA reference instead.
+
+A Triton launch has a fixed cost XLA's own kernels do not pay: XLA fuses an elementwise or row op into its
+neighbours and records its kernels into command buffers (CUDA graphs), while each kernel launch is a custom call of
+its own. On small operands that fixed cost outweighs what the kernel saves, so when the default would be
+``"triton"`` an op whose operand has fewer elements than its entry in :data:`MIN_KERNEL_ELEMENTS` runs ``"xla"``.
+
+Only the automatic choice changes: ``implementation="triton"`` (or ``"interpret"``) still runs the kernel, and
+``$LIGER_JAX_IMPLEMENTATION`` still decides for every op. Under Triton's interpreter (the tests) the default is
+``"interpret"`` and nothing changes. Sizes are those the op sees: the global operand under ``jit`` (sharded or
+not), one example's under ``jax.vmap``.
+"""
+
+import numpy as np
+
+from liger_jax import runtime
+
+# Elements of each op's main operand (named below) from which the default picks the Triton kernel on a GPU.
+# Measured on the H200 (2026-12-04, benchmarks/launch_profile.py's crossover, bf16 fwd+bwd, FFI launches, kernel
+# time / XLA time at sizes 4x apart): rms_norm 1.19x slower at 4.2M elements, 1.25x faster at 16.8M (the row ops
+# share its launch pattern); cross_entropy 1.10x slower at 1.0M, even at 4.1M; FLCE 1.10x faster from 4.1M. SwiGLU
+# and RoPE timed alone lose to XLA's fusion of forward and backward into one pass, which a model cannot do (the
+# forward's output feeds a matmul): their entries come from the model step, where the small preset (2048 tokens)
+# ran 1.04x flax with these kernels on XLA and 0.95x with them forced, and the 1b preset gains with them.
+MIN_KERNEL_ELEMENTS: dict[str, int] = {
+    "rms_norm": 2**24,  # x: rows × D
+    "layer_norm": 2**24,  # x: rows × D
+    "fused_add_rms_norm": 2**24,  # x: rows × D
+    "swiglu": 2**26,  # gate: rows × intermediate
+    "geglu": 2**26,  # gate: rows × intermediate
+    "rope": 2**23,  # q and k: tokens × (Hq + Hkv) × D
+    "cross_entropy": 2**22,  # logits: rows × V
+    "fused_linear_cross_entropy": 2**22,  # the logits it never builds: rows × V
+}
+# Rows longer than this run XLA by default: from D = 32768 the norms' backward can no longer keep a row on chip and
+# walks it twice (column blocks), which measured 0.72-0.92x XLA's fwd+bwd on the H200 (benchmarks/norm_tiling.py,
+# 4096 rows, bf16); at D = 16384 the kernels are 1.5-2.0x XLA.
+MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 16384, "layer_norm": 16384, "fused_add_rms_norm": 16384}
+
+
+def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -> runtime.Implementation:
+    """:func:`liger_jax.runtime.resolve_implementation`, then the size rule for ``implementation=None``.
+
+    Args:
+        implementation: the op's ``implementation=`` argument.
+        op: a key of :data:`MIN_KERNEL_ELEMENTS`.
+        elements: the size of the op's main operand, as that table's comments count it.
+        cols: the row length of a row op (checked against :data:`MAX_KERNEL_COLS`); 0 for the others.
+
+    Returns:
+        ``"xla"`` when ``implementation`` is None, ``$LIGER_JAX_IMPLEMENTATION`` is unset, the default is
+        ``"triton"`` and ``elements < MIN_KERNEL_ELEMENTS[op]`` or ``cols > MAX_KERNEL_COLS[op]``; otherwise what
+        ``resolve_implementation`` returns.
+
+    Raises:
+        ValueError: as :func:`liger_jax.runtime.resolve_implementation`.
+    """
+    chosen = runtime.resolve_implementation(implementation)
+    automatic = implementation is None and not runtime.implementation_from_environment()
+    too_small = elements < MIN_KERNEL_ELEMENTS[op]
+    too_wide = cols > MAX_KERNEL_COLS.get(op, cols)
+    if automatic and chosen == "triton" and (too_small or too_wide):
+        return "xla"
+    return chosen
+
+
+def logits_elements(labels, weight, weight_layout: str) -> int:
+    """rows × V of the logits :func:`liger_jax.fused_linear_cross_entropy` never builds; 0 for a weight that is not
+    rank 2 (the op's checks then reject it)."""
+    shape = np.shape(weight)
+    if len(shape) != 2:
+        return 0
+    return int(np.size(labels)) * shape[1 if weight_layout == "hv" else 0]
