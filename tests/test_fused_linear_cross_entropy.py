@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import liger_jax
+from liger_jax.ops import fused_linear_cross_entropy as flce_op
 from tests import harness
 from tests.test_cross_entropy import _labels, _normal
 
@@ -119,22 +120,92 @@ def test_all_rows_ignored_gives_zero_loss_and_gradients(implementation, reductio
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
-def test_compiled_temp_memory_is_far_below_the_logits(implementation):
-    # 16384 × 4096 fp32 logits are 256 MiB; a 256-row chunk of them is 4 MiB. Compiled only, never run.
-    n_rows, hidden, n_classes, chunk = 16384, 64, 4096, 256
-    x = jnp.zeros((n_rows, hidden), jnp.float32)
-    weight = jnp.zeros((hidden, n_classes), jnp.float32)
-    labels = jnp.zeros((n_rows,), jnp.int32)
+def test_default_chunks_split_the_rows_and_match_the_reference(implementation, monkeypatch):
+    # Without the floor the dweight accumulator bounds the chunk: 32·300·4 bytes = 32 rows of fp32 logits, so the
+    # default splits 50 rows into 32 + 18.
+    monkeypatch.setattr(flce_op, "MIN_CHUNK_LOGITS_BYTES", 0)
+    n_rows = 50
+    assert flce_op.default_chunk_rows(n_rows, H, V, jnp.float32, jnp.float32) == 32
+    x, weight, bias, labels = _inputs(32, jnp.float32, "vh", n_rows=n_rows)  # V is the weight's first axis
+
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_cross_entropy(
+            x, weight, labels, bias=bias, weight_layout="vh", implementation=implementation
+        )
+
+    _assert_matches_reference(
+        op, (x, weight, bias), labels, jnp.float32, _cotangent("mean", n_rows), weight_layout="vh"
+    )
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "hidden", "n_classes", "dtype", "expected"),
+    [
+        (8192, 4096, 128256, jnp.bfloat16, 2048),  # Llama-3-8B's head: the row cap (its 2 GiB dweight allows 8192)
+        (16384, 2048, 128256, jnp.bfloat16, 2048),  # Llama-3.2-1B's: the cap (its 1002 MiB dweight allows 4096)
+        (2048, 768, 32000, jnp.bfloat16, 1536),  # 768 · 32000 · 4 bytes of dweight hold 1536 rows of bf16 logits
+        (4096, 256, 32768, jnp.float32, 512),  # a small head: the 64 MiB floor
+        (400_000, 128, 32768, jnp.bfloat16, 1536),  # many rows: x's 97.7 MiB, rounded down to 12 · 128 rows
+        (4096, 64, 2**22, jnp.float32, 64),  # a 1 GiB dweight over 4M classes: 64 rows, fewer than a tile
+        (5, 32, 300, jnp.float32, 5),  # fewer rows than a chunk
+    ],
+)
+def test_default_chunk_rows(n_rows, hidden, n_classes, dtype, expected):
+    rows = flce_op.default_chunk_rows(n_rows, hidden, n_classes, dtype, dtype)
+    assert rows == expected
+    bound = flce_op.chunk_logits_bound(n_rows, hidden, n_classes, dtype)
+    assert rows * n_classes * jnp.dtype(dtype).itemsize <= bound
+
+
+def compiled_temp_bytes(implementation, x, weight, labels, **kwargs) -> int:
+    """Temporary bytes of ``jit(value_and_grad)`` of FLCE's mean loss in x and weight, compiled (never run) for
+    these ``jax.ShapeDtypeStruct`` operands."""
 
     def loss(x, weight, labels):
-        return liger_jax.fused_linear_cross_entropy(x, weight, labels, chunk_size=chunk, implementation=implementation)
+        return liger_jax.fused_linear_cross_entropy(x, weight, labels, implementation=implementation, **kwargs)
 
     compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(x, weight, labels).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    # Chunk logits and their gradient, the dweight accumulator and dx, each at most twice over, plus 64 MiB for
-    # a GPU's matmul workspace: 90 MiB, against the 256 MiB that the logits alone would take.
-    bound = 2 * 4 * (2 * chunk * n_classes + hidden * n_classes + n_rows * hidden) + 64 * 2**20
-    assert temp <= bound < n_rows * n_classes * 4
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def assert_temporaries_bounded(temp_bytes, n_rows, n_classes, bound, past_64_bounds) -> None:
+    """FLCE's memory contract: temporaries a few times the chunk bound, and below a quarter of the fp32 logits
+    (``N · V · 4`` bytes) when those are at least 64 bounds (``past_64_bounds`` says the shape is there)."""
+    fp32_logits = 4 * n_rows * n_classes
+    assert (fp32_logits >= 64 * bound) == past_64_bounds
+    # 8: on CPU the bf16 matmuls also keep fp32 copies of their operands (measured up to 7.5 bounds).
+    assert temp_bytes <= 8 * bound
+    if past_64_bounds:
+        assert temp_bytes < fp32_logits / 4
+
+
+# (N, H, V, dtype, weight_layout, whether the fp32 logits are ≥ 64 chunk bounds). N is never a multiple of the chunk.
+MEMORY_SHAPES = [
+    (100_000, 64, 50_000, jnp.float32, "hv", True),  # small H, large V: the 64 MiB floor bounds 256-row chunks
+    (400_000, 128, 32768, jnp.bfloat16, "hv", True),  # many rows: x bounds 1536-row chunks
+    (70_000, 1024, 65_536, jnp.bfloat16, "vh", True),  # larger H: the 256 MiB dweight bounds 2048-row chunks
+    (20_000, 4096, 8192, jnp.bfloat16, "hv", False),  # large H, small V: logits smaller than x, 2048-row chunks
+    (4100, 256, 32768, jnp.float32, "vh", False),  # few rows, small H: 512-row chunks (2048 kept the logits' size)
+]
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize(
+    ("n_rows", "hidden", "n_classes", "dtype", "layout", "past_64_bounds"),
+    MEMORY_SHAPES,
+    ids=[f"{n}x{h}x{v}-{jnp.dtype(d).name}-{layout}" for n, h, v, d, layout, _ in MEMORY_SHAPES],
+)
+def test_compiled_temporaries_are_bounded_by_the_chunk(
+    implementation, n_rows, hidden, n_classes, dtype, layout, past_64_bounds
+):
+    rows = flce_op.default_chunk_rows(n_rows, hidden, n_classes, dtype, dtype)
+    assert n_rows % rows
+    x = jax.ShapeDtypeStruct((n_rows, hidden), dtype)
+    weight = jax.ShapeDtypeStruct((hidden, n_classes) if layout == "hv" else (n_classes, hidden), dtype)
+    labels = jax.ShapeDtypeStruct((n_rows,), jnp.int32)
+    temp = compiled_temp_bytes(implementation, x, weight, labels, weight_layout=layout)
+    bound = flce_op.chunk_logits_bound(n_rows, hidden, n_classes, dtype)
+    assert_temporaries_bounded(temp, n_rows, n_classes, bound, past_64_bounds)
 
 
 def test_compiled_program_does_not_grow_with_the_rows():

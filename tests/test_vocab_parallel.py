@@ -5,11 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import liger_jax
+from liger_jax.ops import fused_linear_cross_entropy as flce_op
 from tests import harness
 from tests.collectives import assert_only_small_all_reduces, compiled_collectives, mesh, nbytes, place
+from tests.test_fused_linear_cross_entropy import assert_temporaries_bounded, compiled_temp_bytes
 
 B, S, H, V = 4, 8, 16, 96
 OPTIONS = dict(label_smoothing=0.1, z_loss_scale=1e-3, softcap=30.0, chunk_size=8)
@@ -103,3 +105,38 @@ def test_vocabulary_sharded_on_the_row_axis_is_gathered():
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5, atol=1e-5)
     for grad, expected in zip(grads, expected_grads, strict=True):
         np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
+
+
+# (N, H, V, dtype, weight_layout, whether each device's fp32 logits are ≥ 64 of its chunk bounds) on a (4, 2) mesh
+# of rows × vocabulary: each device holds N/4 rows and V/2 classes and sizes its chunks from them.
+MEMORY_SHAPES = [
+    (200_000, 64, 131_072, jnp.float32, "hv", True),  # 50000 × 65536 per device: the floor, 256-row chunks
+    (280_000, 1024, 131_072, jnp.bfloat16, "vh", True),  # 70000 × 65536: a 256 MiB dweight slice, 2048 rows
+]
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize(
+    ("n_rows", "hidden", "n_classes", "dtype", "layout", "past_64_bounds"),
+    MEMORY_SHAPES,
+    ids=[f"{n}x{h}x{v}-{jnp.dtype(d).name}-{layout}" for n, h, v, d, layout, _ in MEMORY_SHAPES],
+)
+def test_each_device_bounds_its_temporaries_by_its_chunk(
+    implementation, n_rows, hidden, n_classes, dtype, layout, past_64_bounds
+):
+    mesh_ = mesh((4, 2), ("dp", "tp"))
+    local_rows, local_classes = n_rows // 4, n_classes // 2
+    assert local_rows % flce_op.default_chunk_rows(local_rows, hidden, local_classes, dtype, dtype)
+
+    def operand(shape, dtype, *spec):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh_, PartitionSpec(*spec)))
+
+    x = operand((n_rows, hidden), dtype, "dp")
+    if layout == "hv":
+        weight = operand((hidden, n_classes), dtype, None, "tp")
+    else:
+        weight = operand((n_classes, hidden), dtype, "tp")
+    labels = operand((n_rows,), jnp.int32, "dp")
+    temp = compiled_temp_bytes(implementation, x, weight, labels, weight_layout=layout)  # per device
+    bound = flce_op.chunk_logits_bound(local_rows, hidden, local_classes, dtype)
+    assert_temporaries_bounded(temp, local_rows, local_classes, bound, past_64_bounds)
