@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,7 +31,24 @@ from liger_jax import runtime
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
 
-KINDS: tuple[str, ...] = ("rms_norm", "layer_norm", "swiglu", "rope", "fused_linear_cross_entropy", "custom")
+KINDS: tuple[str, ...] = (
+    "rms_norm",
+    "layer_norm",
+    "swiglu",
+    "geglu",
+    "rope",
+    "fused_linear_cross_entropy",
+    "custom",
+)
+
+# Other libraries' models: the classes defined in modules under each prefix are swapped by the recipes of the named
+# liger_jax module, which registers them (register_swap) when imported. It is imported the first time apply_liger or
+# liger_intercept meets such a class, so importing liger_jax never imports the library. Adding a model family is one
+# recipe module and one line here.
+_RECIPE_MODULES: dict[str, str] = {
+    f"tunix.models.{family}.": f"liger_jax.integrations.tunix.{family}"
+    for family in ("gemma", "gemma3", "gemma4", "llama3", "qwen2", "qwen3")
+}
 
 MakeReplacement = Callable[[Any, "runtime.Implementation | None"], Any]
 
@@ -81,6 +99,15 @@ def register_swap(cls: type, make_replacement: MakeReplacement, *, kind: str = "
         raise TypeError(f"cls must be a flax.nnx.Module or flax.linen.Module subclass, got {cls!r}")
 
 
+def _registered(swaps: dict[type, _Swap], cls: type) -> _Swap | None:
+    """The swap registered for ``cls``, after importing the recipes for its module (once) if it has any."""
+    for prefix, recipes in list(_RECIPE_MODULES.items()):
+        if cls.__module__.startswith(prefix):
+            importlib.import_module(recipes)
+            _RECIPE_MODULES.pop(prefix, None)
+    return swaps.get(cls)
+
+
 def _enabled_kinds(implementation: runtime.Implementation | None, *switches: bool) -> frozenset[str]:
     """Validates ``implementation`` (when given) and returns the kinds whose switch is on (``switches`` in
     :data:`KINDS` order)."""
@@ -95,6 +122,7 @@ def apply_liger(
     rms_norm: bool = True,
     layer_norm: bool = True,
     swiglu: bool = True,
+    geglu: bool = True,
     rope: bool = True,
     fused_linear_cross_entropy: bool = True,
     custom: bool = True,
@@ -104,7 +132,9 @@ def apply_liger(
 
     Built in: ``nnx.RMSNorm`` → :class:`liger_jax.flax_layers.nnx.RMSNorm` and ``nnx.LayerNorm`` →
     :class:`liger_jax.flax_layers.nnx.LayerNorm`; :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU),
-    RoPE and LM head (fused linear cross-entropy); :func:`register_swap` adds your own classes. Each replacement
+    RoPE and LM head (fused linear cross-entropy); Tunix's Llama3, Qwen2, Qwen3, Gemma, Gemma3 and Gemma4 models
+    get their RMSNorms, gated MLPs and RoPE swapped (:mod:`liger_jax.integrations.tunix`, imported on first sight
+    of a Tunix class); :func:`register_swap` adds your own classes. Each replacement
     holds the module's own ``nnx.Param`` objects (nothing is copied), so ``nnx.state(model)`` has the same tree
     and leaves before and after, and outputs agree with the flax model within the kernels' tolerance. A module
     shared by several parents is replaced once, everywhere. Modules whose options the kernels do not compute
@@ -114,7 +144,7 @@ def apply_liger(
 
     Args:
         model: the NNX module whose submodules are swapped (the root itself is not).
-        rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom: which kinds to swap
+        rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to swap
             (``custom`` is every registration without one of the other kinds).
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
@@ -128,8 +158,10 @@ def apply_liger(
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
-    enabled = _enabled_kinds(implementation, rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom)
-    swap = _NNX_SWAPS.get(type(model))
+    enabled = _enabled_kinds(
+        implementation, rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+    )
+    swap = _registered(_NNX_SWAPS, type(model))
     if swap is not None and swap.kind in enabled:
         raise ValueError(
             f"apply_liger replaces submodules in place and cannot replace the model itself, a "
@@ -179,7 +211,7 @@ class _NnxSwapWalk:
         return self._swapped(node, path)
 
     def _swapped(self, module: Any, path: tuple) -> Any:
-        swap = _NNX_SWAPS.get(type(module))
+        swap = _registered(_NNX_SWAPS, type(module))
         if swap is None or swap.kind not in self.enabled:
             return module
         replacement = swap.make(module, self.implementation)
@@ -251,6 +283,7 @@ def liger_intercept(
     rms_norm: bool = True,
     layer_norm: bool = True,
     swiglu: bool = True,
+    geglu: bool = True,
     rope: bool = True,
     fused_linear_cross_entropy: bool = True,
     custom: bool = True,
@@ -267,18 +300,20 @@ def liger_intercept(
     (and vice versa): jit a fresh function per mode.
 
     Args:
-        rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom: which kinds to route.
+        rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to route.
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Yields:
         ``{kind: number of intercepted calls}``, counted as modules are traced (a call inside a jitted function
         counts once per trace).
     """
-    enabled = _enabled_kinds(implementation, rms_norm, layer_norm, swiglu, rope, fused_linear_cross_entropy, custom)
+    enabled = _enabled_kinds(
+        implementation, rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+    )
     counts = dict.fromkeys(KINDS, 0)
 
     def interceptor(next_fun, args, kwargs, context):
-        swap = _LINEN_SWAPS.get(type(context.module))
+        swap = _registered(_LINEN_SWAPS, type(context.module))
         if swap is None or swap.kind not in enabled or context.method_name != "__call__":
             return next_fun(*args, **kwargs)
         replacement = swap.make(context.module, implementation)
