@@ -1,4 +1,7 @@
-"""One end-to-end trial, in its own process: a Llama training step with or without liger, timed.
+"""One end-to-end trial, in its own process: a training step with or without liger, timed.
+
+The model is the bundled Llama at a preset (``--config 1b``) or a Tunix model (``--config tunix-gemma3-1b``, see
+:mod:`benchmarks.tunix_models`).
 
 ``python -m benchmarks.e2e_trial --provider liger_jax --batch 8`` compiles the jitted optimizer step (AdamW,
 donated state), runs warm-up and timed steps and prints a JSON row: tokens/s, step time, peak device bytes (this
@@ -12,6 +15,11 @@ memory limit (on the H200 the 1b step at batch 81 needed 132 GB compiled without
 because the chosen kernels left XLA's rematerialisation less to remove). Each phase needs its own process: one
 that ran a smaller batch keeps that step's freed buffers cached, and the largest step's one temporary buffer
 then no longer fits (seen on the H200: 103 GiB refused at a footprint 15% under the limit).
+
+``--phase both`` runs the same batch and then the max_batch phase in one process, saving a process start, a trace
+and a compile where a call's budget holds no more (three Tunix models, both providers, in one 10-minute call). It
+relies on the driver's preallocated allocator (one region, so the blocks the first run freed coalesce) and on
+:func:`run` leaving no buffer behind; an out-of-memory at the largest batch still falls back to the next fit.
 """
 
 from __future__ import annotations
@@ -21,57 +29,74 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 _STARTED = time.perf_counter()
 FIT = 0.95  # of the allocator's limit: room for fragmentation and the workspaces outside XLA's buffer plan
 MAX_COMPILES = 10  # per search, each 20–30 s for the 1b model with autotuning
 RUN_RESERVE_S = 20.0  # of a max_batch trial's time, kept for building the state and running the batch found
+WARM_RUN_RESERVE_S = 10.0  # the same in the both phase, whose state initialiser is already compiled
 FIRST_COMPILE_S = 30.0  # what the search expects a compile to take before it has timed one
 PRECISIONS = {"bf16": ("bfloat16", "bfloat16"), "mixed": ("bfloat16", "float32")}  # (compute, params) dtypes
 
 
-class Trial:
-    """The model, optimizer and jitted step for one (provider, config, seq, precision, attention)."""
+class StepTrial:
+    """The jitted AdamW step (donated state) of the model ``make_model()`` builds, compiled once per batch.
 
-    def __init__(self, provider: str, config: str, seq: int, precision: str, attention: str | None, remat: bool):
+    Subclasses say what a batch is (:meth:`batch_specs`, :meth:`draw_batch`; here ``(tokens, labels)`` int32
+    ``[B, S]``) and what a row should add about them (:meth:`describe`).
+    """
+
+    def __init__(self, make_model: Callable[[], Any], seq: int, vocab_size: int, loss_fn: Callable | None = None):
+        """``loss_fn(model, *batch)``; None: the model's own ``loss(tokens, labels)``."""
         import jax
-        from flax import nnx
 
         from benchmarks.memory import tree_bytes
-        from benchmarks.providers import LIGER_JAX, kernel_implementation
-        from liger_jax.flax_layers import apply_liger
-        from liger_jax.models import LlamaForCausalLM, llama_config
         from liger_jax.models.training import adamw_cosine, init_train_state, make_train_step
 
-        compute, params = PRECISIONS[precision]
-        self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention, remat=remat)
-        self.seq = seq
+        self.seq, self.vocab_size = seq, vocab_size
         self.optimizer = adamw_cosine(3e-4, 1000, warmup_steps=10)
         graphdefs = []
 
         def build():
-            model = LlamaForCausalLM(self.config, rngs=nnx.Rngs(0))
-            if provider == LIGER_JAX:
-                apply_liger(model, implementation=kernel_implementation())
-            graphdef, state = init_train_state(model, self.optimizer)
+            graphdef, state = init_train_state(make_model(), self.optimizer)
             graphdefs.append(graphdef)
             return state
 
         self.build = jax.jit(build)
         self.abstract_state = jax.eval_shape(build)
         self.state_bytes = tree_bytes(self.abstract_state)
-        self.step = make_train_step(graphdefs[0], self.optimizer)
+        self.step = make_train_step(graphdefs[0], self.optimizer, loss_fn=loss_fn)
         self._compiled: dict[int, tuple[Any, float]] = {}
+        self._initialiser = None
 
-    def batch_specs(self, batch: int):
+    def batch_specs(self, batch: int) -> tuple[Any, ...]:
         """Abstract ``(tokens, labels)`` for ``batch`` sequences."""
         import jax
         import jax.numpy as jnp
 
         spec = jax.ShapeDtypeStruct((batch, self.seq), jnp.int32)
         return spec, spec
+
+    def draw_batch(self, batch: int) -> tuple[Any, ...]:
+        """Random ``(tokens, labels)`` for ``batch`` sequences."""
+        import jax
+
+        key_tokens, key_labels = jax.random.split(jax.random.key(batch))
+        shape = (batch, self.seq)
+        return tuple(jax.random.randint(k, shape, 0, self.vocab_size, dtype="int32") for k in (key_tokens, key_labels))
+
+    def describe(self) -> dict[str, Any]:
+        """What a row should say about this trial beyond the measurements."""
+        return {}
+
+    def initial_state(self) -> Any:
+        """A fresh train state, from an initialiser compiled once."""
+        if self._initialiser is None:
+            self._initialiser = self.build.lower().compile()
+            _stage("state's initialiser compiled")
+        return self._initialiser()
 
     def compile(self, batch: int) -> tuple[Any, float]:
         """``(executable, seconds it took to compile)`` for ``batch`` sequences, compiled once per batch from
@@ -89,8 +114,33 @@ class Trial:
         return footprint_bytes(compiled_memory(self.compile(batch)[0]))
 
 
-def run(trial: Trial, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+class Trial(StepTrial):
+    """The bundled Llama (``liger_jax.models``) for one (provider, config, seq, precision, attention)."""
+
+    def __init__(self, provider: str, config: str, seq: int, precision: str, attention: str | None, remat: bool):
+        from flax import nnx
+
+        from benchmarks.providers import LIGER_JAX, kernel_implementation
+        from liger_jax.flax_layers import apply_liger
+        from liger_jax.models import LlamaForCausalLM, llama_config
+
+        compute, params = PRECISIONS[precision]
+        self.config = llama_config(config, dtype=compute, param_dtype=params, attention=attention, remat=remat)
+
+        def make_model():
+            model = LlamaForCausalLM(self.config, rngs=nnx.Rngs(0))
+            if provider == LIGER_JAX:
+                apply_liger(model, implementation=kernel_implementation())
+            return model
+
+        super().__init__(make_model, seq, self.config.vocab_size)
+
+
+def run(trial: StepTrial, batch: int, steps: int, warmup: int) -> dict[str, Any]:
     """Compiles the step for ``batch`` (unless a search did), builds the state, runs ``warmup`` + ``steps`` steps.
+
+    Every device buffer the run made is gone when it returns, so a later run in this process finds the allocator
+    as this one did (but for its cached blocks).
 
     Returns:
         The row: compile seconds and compiled memory, tokens/s, step time, this process's peak bytes, last loss.
@@ -103,25 +153,20 @@ def run(trial: Trial, batch: int, steps: int, warmup: int) -> dict[str, Any]:
     row = {"compile_s": compile_s, **compiled_memory(compiled)}
     _stage(f"compiled batch {batch}")
     row["compile_peak_bytes"] = jax_memory_stats().get("peak_bytes_in_use")
-    build = trial.build.lower().compile()
-    _stage("state's initialiser compiled")
-    state = build()
-    jax.block_until_ready(state)
+    state = jax.block_until_ready(trial.initial_state())
     _stage("state built")
-    key_tokens, key_labels = jax.random.split(jax.random.key(batch))
-    vocab = trial.config.vocab_size
-    tokens = jax.random.randint(key_tokens, (batch, trial.seq), 0, vocab, dtype="int32")
-    labels = jax.random.randint(key_labels, (batch, trial.seq), 0, vocab, dtype="int32")
+    inputs = trial.draw_batch(batch)
     for _ in range(warmup):
-        state, loss = compiled(state, tokens, labels)
-    jax.block_until_ready((state, loss))
+        state, _ = compiled(state, *inputs)
+    jax.block_until_ready(state)
     _stage(f"{warmup} warm-up steps done")
     start = time.perf_counter()
     for _ in range(steps):
-        state, loss = compiled(state, tokens, labels)
+        state, loss = compiled(state, *inputs)
     jax.block_until_ready((state, loss))
     elapsed = time.perf_counter() - start
     loss = float(loss)
+    row |= trial.describe()
     return row | {
         "tokens_per_s": batch * trial.seq * steps / elapsed,
         "step_ms": 1e3 * elapsed / steps,
@@ -137,7 +182,14 @@ def _stage(what: str) -> None:
     print(f"e2e_trial: {what} at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
 
 
-def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int], deadline: float) -> dict[str, Any]:
+def largest_batch(
+    trial: StepTrial,
+    start: int,
+    budget: float,
+    known: dict[int, int],
+    deadline: float,
+    first_compile_s: float = FIRST_COMPILE_S,
+) -> dict[str, Any]:
     """The largest batch whose footprint fits in ``budget`` bytes, and the footprints it compiled.
 
     Footprints grow about linearly in the batch, but not exactly: buffer assignment, layout choices, and XLA's own
@@ -148,8 +200,9 @@ def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int]
     after one it bisects when the lines stop halving the bracket. A batch that does not compile (past int32
     extents, or cuDNN's limits) does not fit; its error is kept in ``errors``. ``known`` holds footprints
     measured elsewhere (the same-batch trial's), which save compiles. The search stops after ``MAX_COMPILES``
-    compiles, or before a compile that would end past ``deadline`` (``time.perf_counter()``); ``status`` says
-    whether the bracket closed.
+    compiles, or before a compile that would end past ``deadline`` (``time.perf_counter()``), a compile taking as
+    long as the longest it has timed (``first_compile_s`` before the first); ``status`` says whether the bracket
+    closed.
     """
     sizes: dict[int, int] = {0: trial.state_bytes} | known
     errors: dict[int, str] = {}
@@ -175,7 +228,7 @@ def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int]
     while too_big is None or too_big - fits > 1:
         if len(compile_s) >= MAX_COMPILES:
             return {"max_batch": fits, "status": f"stopped after {MAX_COMPILES} compiles"} | found
-        if time.perf_counter() + max(compile_s, default=FIRST_COMPILE_S) > deadline:
+        if time.perf_counter() + max(compile_s, default=first_compile_s) > deadline:
             return {"max_batch": fits, "status": "stopped: out of time"} | found
         # The tangent (the line through the last two fitting batches) and, once a batch failed, the chord (through
         # the largest fit and the smallest failure) cross the budget on either side of the answer for a footprint
@@ -209,7 +262,8 @@ def largest_batch(trial: Trial, start: int, budget: float, known: dict[int, int]
 
 
 class _Session:
-    """One process's trial; a same-batch run falls back from cuDNN to XLA attention once.
+    """One process's trial (the bundled Llama, or a Tunix model: :mod:`benchmarks.tunix_models`); a same-batch run
+    falls back from cuDNN to XLA attention once.
 
     cuDNN's fused attention is what training uses on a GPU; should it refuse these shapes, XLA's runs instead. The
     largest-batch phase does not fall back: XLA attention's footprint is not the one its search measured, and its
@@ -221,14 +275,23 @@ class _Session:
         self.args = args
         self.attention = args.attention
         self.fallback = args.phase == "same_batch"
-        self.trial: Trial | None = None
+        self.trial: StepTrial | None = None
+        self.seeds: dict[int, int] = {}  # footprints this process measured, for the search
+        self.compile_s: float = FIRST_COMPILE_S  # what the search expects a compile to take
+
+    def _new_trial(self) -> StepTrial:
+        from benchmarks import tunix_models
+
+        args = self.args
+        if tunix_models.is_tunix(args.config):
+            return tunix_models.TunixTrial(args.provider, args.config, args.seq, args.precision, args.remat)
+        return Trial(args.provider, args.config, args.seq, args.precision, self.attention, args.remat)
 
     def attempt(self, work) -> dict[str, Any]:
         """``work(trial)``'s row, or a row whose status says what went wrong (``oom: ...`` or ``error: ...``)."""
-        args = self.args
         try:
             if self.trial is None:
-                self.trial = Trial(args.provider, args.config, args.seq, args.precision, self.attention, args.remat)
+                self.trial = self._new_trial()
                 _stage("model traced")
             return {"attention": self.attention or "xla"} | work(self.trial)
         except Exception as error:  # the driver reads the row; an OOM is a result, not a crash
@@ -246,31 +309,45 @@ class _Session:
         args = self.args
         return {"phase": phase, "batch": batch} | self.attempt(lambda trial: run(trial, batch, args.steps, args.warmup))
 
+    def seed(self, row: dict[str, Any]) -> None:
+        """Keeps a successful run's footprint and compile time for the search that follows in this process."""
+        from benchmarks.memory import footprint_bytes
+
+        footprint = footprint_bytes(row) if row.get("status") == "ok" else None
+        if footprint:
+            self.seeds[row["batch"]] = footprint
+            self.compile_s = row["compile_s"]
+
     def search(self) -> dict[str, Any]:
         """The largest batch's search (:func:`largest_batch`) from ``--batch``, within ``--time-s``."""
         from benchmarks.memory import jax_memory_stats
 
         args = self.args
-        known = {args.batch: args.start_footprint} if args.start_footprint else {}
-        deadline = _STARTED + args.time_s - RUN_RESERVE_S
+        known = ({args.batch: args.start_footprint} if args.start_footprint else {}) | self.seeds
+        deadline = _STARTED + args.time_s - (RUN_RESERVE_S if args.phase == "max_batch" else WARM_RUN_RESERVE_S)
 
-        def work(trial: Trial) -> dict[str, Any]:
+        def work(trial: StepTrial) -> dict[str, Any]:
             if args.capacity_from_batch is None:
                 budget = FIT * jax_memory_stats()["bytes_limit"]
             else:
                 budget = trial.footprint(args.capacity_from_batch)
-            return largest_batch(trial, args.batch, budget, known, deadline)
+            return largest_batch(trial, args.batch, budget, known, deadline, self.compile_s)
 
         return self.attempt(work)
 
 
 def _runs(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """The rows of a trial: one run at ``args.batch``; or, in the max_batch phase, the search and a run at the
-    largest batch it found, then at the next smaller batch seen to fit should that run out of memory."""
+    largest batch it found, then at the next smaller batch seen to fit should that run out of memory; or, in the
+    ``both`` phase, the run at ``args.batch`` first (its peak this fresh process's own), then the max_batch phase
+    seeded with its footprint and compile time (whose rows' peak is then the process's, both runs')."""
     session = _Session(args)
-    if args.phase == "same_batch":
-        yield session.measure("same_batch", args.batch)
-        return
+    if args.phase in ("same_batch", "both"):
+        row = session.measure("same_batch", args.batch)
+        yield row
+        if args.phase == "same_batch":
+            return
+        session.seed(row)
     search = session.search()
     found = {"search": {k: v for k, v in search.items() if k != "attention"}}
     if search.get("max_batch") is None:
@@ -290,10 +367,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line: prints a JSON row per run."""
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--provider", required=True, choices=("liger_jax", "xla"))
-    cli.add_argument("--config", default="1b")
+    cli.add_argument("--config", default="1b", help="a preset of the bundled Llama, or a Tunix model (tunix-...)")
     cli.add_argument("--seq", type=int, default=2048)
     cli.add_argument("--batch", type=int, required=True, help="the batch to run; max_batch: where the search starts")
-    cli.add_argument("--phase", default="same_batch", choices=("same_batch", "max_batch"))
+    cli.add_argument("--phase", default="same_batch", choices=("same_batch", "max_batch", "both"))
     cli.add_argument("--precision", default="bf16", choices=tuple(PRECISIONS))
     cli.add_argument("--attention", default=None, choices=("cudnn", "xla"))
     cli.add_argument("--remat", action="store_true", help="rematerialise each decoder layer")
@@ -304,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--time-s",
         type=float,
         default=600.0,
-        help="max_batch: this process's time limit; the search ends RUN_RESERVE_S before it",
+        help="this process's time limit; a search ends RUN_RESERVE_S (both phase: WARM_RUN_RESERVE_S) before it",
     )
     cli.add_argument("--capacity-from-batch", type=int, help="max_batch: pretend the device holds exactly this batch")
     args = cli.parse_args(argv)

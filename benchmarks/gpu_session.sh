@@ -5,8 +5,9 @@
 #
 # Run from the repository root after installing the carried jax-triton wheel on PYTHONPATH. Parts:
 #   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton (4 groups at once, ~4 min), then the convergence
-#            test at the mini config
-#   example  the main job (tiny preset) with and without liger: tokens/s and peak memory in OUT/example-*/summary.json
+#            test at the mini config (CONVERGENCE=0 skips it)
+#   example  the main job with and without liger, interleaved (benchmarks/main_job.py; MAIN_JOB_FLAGS, default tiny,
+#            mini and small, 3 runs each): median tokens/s in OUT/main_job/main_job.md
 #   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 575)
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
@@ -25,12 +26,14 @@ for part in "${parts[@]}"; do
       # Four pytest processes share the GPU (no preallocation): Triton compiles are CPU-bound, 16 cores wait.
       groups=(
         "tests/test_rms_norm.py tests/test_flax_rms_norm.py tests/test_runtime.py tests/test_fused_add_rms_norm.py
-         tests/test_layer_norm.py tests/test_flax_layer_norm.py"
-        "tests/test_glu.py tests/test_rope.py tests/test_cross_entropy.py tests/test_flax_cross_entropy.py"
+         tests/test_layer_norm.py tests/test_flax_layer_norm.py tests/test_norms_math.py tests/test_dispatch.py
+         tests/test_triton_ffi.py"
+        "tests/test_glu.py tests/test_rope.py tests/test_cross_entropy.py tests/test_flax_cross_entropy.py
+         tests/test_glu_math.py tests/test_rope_math.py tests/test_cross_entropy_math.py"
         "tests/test_fused_linear_cross_entropy.py tests/test_vocab_parallel.py tests/test_sharding.py
          tests/test_sharded_training.py"
-        "tests/test_swap.py tests/test_llama.py tests/test_convergence.py tests/test_train_example.py
-         tests/test_benchmarks_smoke.py"
+        "tests/test_swap.py tests/test_llama.py tests/test_tunix_swap.py tests/test_tunix_loss.py
+         tests/test_train_example.py tests/test_tunix_sft_example.py"
       )
       for i in "${!groups[@]}"; do
         # shellcheck disable=SC2086  # each group is a list of paths
@@ -39,16 +42,16 @@ for part in "${parts[@]}"; do
       done
       wait
       for i in "${!groups[@]}"; do tail -n 1 "$out/tests_$i.log"; grep -E "^FAILED" "$out/tests_$i.log"; done
-      LIGER_JAX_CONVERGENCE=mini LIGER_JAX_IMPLEMENTATION=triton timeout 150 python3 -m pytest tests/test_convergence.py \
-        -q -p no:cacheprovider -rf >"$out/convergence.log" 2>&1
-      tail -3 "$out/convergence.log"
+      if [[ ${CONVERGENCE:-1} == 1 ]]; then
+        LIGER_JAX_CONVERGENCE=mini LIGER_JAX_IMPLEMENTATION=triton timeout 150 python3 -m pytest \
+          tests/test_convergence.py -q -p no:cacheprovider -rf >"$out/convergence.log" 2>&1
+        tail -3 "$out/convergence.log"
+      fi
       ;;
     example)
-      for swap in --liger --no-liger; do
-        timeout 120 python3 examples/train_llama.py "$swap" --steps 100 --out "$out/example$swap" \
-          >"$out/example$swap.log" 2>&1
-        tail -4 "$out/example$swap.log"
-      done
+      # shellcheck disable=SC2086  # MAIN_JOB_FLAGS is a list
+      PYTHONUNBUFFERED=1 python3 -m benchmarks.main_job --out "$out/main_job" ${MAIN_JOB_FLAGS:-} >"$out/main_job.log" 2>&1
+      tail -6 "$out/main_job.log"
       ;;
     suite)
       PYTHONUNBUFFERED=1 python3 -m benchmarks.suite --out "$out/suite" --budget-s "${SUITE_BUDGET_S:-575}" \

@@ -14,7 +14,18 @@ MATMUL_FLOPS_PER_S = 650e12
 # inputs in cache.
 L2_BYTES = 60 * 2**20
 
-VERSIONED_PACKAGES = ("jax", "jaxlib", "jax-triton", "triton", "flax", "optax", "torch", "liger-kernel", "liger-jax")
+VERSIONED_PACKAGES = (
+    "jax",
+    "jaxlib",
+    "jax-triton",
+    "triton",
+    "flax",
+    "optax",
+    "torch",
+    "liger-kernel",
+    "liger-jax",
+    "tokamax",
+)
 
 
 def floor_ms(bytes_moved: float, flops: float) -> float:

@@ -11,10 +11,13 @@ MIB = 2**20
 
 
 def sweep_rows(op: Op, rows: list[dict[str, Any]]) -> dict[str, tuple[str, list[dict[str, Any]]]]:
-    """sweep → (axis, the op's ok bf16 rows at that sweep's shapes)."""
+    """sweep → (axis, the op's ok bf16 rows at that sweep's shapes on its line: one curve per provider)."""
+    from benchmarks.cases import off_line, sweep_line
+
     found = {}
     for sweep, (axis, points) in op.sweeps.items():
-        shapes = {shape_string(p) for p in points}
+        line = sweep_line(axis, points)
+        shapes = {shape_string(p) for p in points if not off_line(axis, p, line)}
         chosen = [r for r in rows if r["op"] == op.name and r["shape"] in shapes and r["dtype"] == "bfloat16"]
         chosen = [r for r in chosen if r["status"] == "ok"]
         if chosen:

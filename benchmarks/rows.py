@@ -35,6 +35,8 @@ CSV_COLUMNS = (
     "calls_per_sample",
     "copies",
     "implementation",
+    "default_implementation",
+    "implementation_note",
     "device",
     "versions",
 )

@@ -78,6 +78,9 @@ class _Runner:
         self.torch_missing = providers.liger_torch_unavailable()
         if providers.LIGER_TORCH in args.provider and self.torch_missing:
             print(f"liger_torch skipped: {self.torch_missing}", flush=True)
+        # tokamax, where it cannot run, gets rows that say why (liger_torch gets none: see providers()).
+        tokamax_missing = providers.unavailable(providers.TOKAMAX) if providers.TOKAMAX in args.provider else None
+        self.missing = {providers.TOKAMAX: tokamax_missing} if tokamax_missing else {}
         self.environment = hardware.jax_device_description() | {"versions": hardware.package_versions()}
         self.environment["started"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         self.deadline = time.monotonic() + args.budget_s
@@ -112,13 +115,15 @@ class _Runner:
                 self.emit(row)
             return
         is_target = self.args.smoke or (params, dtype) in [(dict(p), d) for p, d in op.targets]
-        for provider in self.providers(case, chosen):
+        at_sweep = self.args.sweep_provider or self.args.provider
+        for provider in self.providers(case, [p for p in chosen if is_target or p in at_sweep]):
             for mode in self.args.mode if is_target else self.args.sweep_mode or self.args.mode:
                 key = (case.op, provider, mode, case.shape, case.dtype)
                 if key in self.finished:
                     continue
-                if time.monotonic() > self.deadline:
-                    self.emit(_skipped(op.name, params, dtype, [provider], [mode], "time budget")[0])
+                if provider in self.missing or time.monotonic() > self.deadline:
+                    why = self.missing.get(provider, "time budget")
+                    self.emit(_skipped(op.name, params, dtype, [provider], [mode], why)[0])
                     continue
                 results.append(self.args.out, dict(zip(results.KEY, key, strict=True)) | {"kind": "attempt"})
                 row = _measure_one(case, provider, mode, self.policy, self.args.smoke)
@@ -159,9 +164,7 @@ def _measure_one(case, provider: str, mode: str, policy, smoke: bool) -> dict[st
             from benchmarks.torch_provider import measure_torch
 
             return measure_torch(case, mode, policy)
-        row = measure_jax(case, provider, mode, policy, smoke)
-        kernel = provider == providers.LIGER_JAX
-        return row | {"implementation": providers.kernel_implementation() if kernel else "xla"}
+        return measure_jax(case, provider, mode, policy, smoke) | providers.implementation(case, provider)
     except Exception as error:  # one failing measurement must not cost the rest of the run
         traceback.print_exc()
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
@@ -183,7 +186,7 @@ def _print(row: dict[str, Any]) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m benchmarks.run``."""
-    from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, LIGER_TORCH, PROVIDERS, XLA
+    from benchmarks.providers import PROVIDERS
 
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from benchmarks.cases import OPS
@@ -192,7 +195,10 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--sweep", nargs="+", default=["target"], choices=(*SWEEPS, "all"))
     cli.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
     cli.add_argument("--sweep-mode", nargs="+", choices=MODES, help="modes at sweep points (default: --mode)")
-    cli.add_argument("--provider", nargs="+", default=[LIGER_JAX, XLA, LIGER_JAX_XLA, LIGER_TORCH], choices=PROVIDERS)
+    cli.add_argument("--provider", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
+    cli.add_argument(
+        "--sweep-provider", nargs="+", choices=PROVIDERS, help="providers at sweep points that are not targets"
+    )
     cli.add_argument("--smoke", action="store_true", help="tiny shapes, token timing: checks the code paths")
     cli.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="folder for results (appended to)")
     cli.add_argument("--resume", action="store_true", help="skip what OUT's results.jsonl already has")

@@ -3,7 +3,8 @@
 Phases, each in fresh processes so that no JAX allocator outlives its phase, under one wall-clock budget:
 
 1. ops (``benchmarks.run``): every op at the issues' target shapes in all modes, then the token and
-   hidden/vocab sweeps in fwd+bwd, until the phase's share of the budget is spent;
+   hidden/vocab sweeps in fwd+bwd for liger_jax and XLA, until the phase's share of the budget is spent; then, in
+   a process of its own, tokamax at the target shapes in fwd+bwd;
 2. peaks (``benchmarks.peak``): a fresh process's peak memory of fwd+bwd at each target shape, several at once;
 3. end to end (``benchmarks.e2e``): the Llama step at the same batch, then each one's largest batch, searched
    for by compiling (autotuning on, as in the run, so nothing else may use the GPU meanwhile) and run;
@@ -26,12 +27,23 @@ from typing import Any
 from benchmarks import e2e, peak, processes, report
 from benchmarks import rows as results
 from benchmarks.case import shape_string
-from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA
+from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, LIGER_TORCH, TOKAMAX, XLA
 
-# Shares of the budget (seconds, for the default 575 s; measured on the H200): ops 253 (the target shapes and
-# every sweep take ~245), peaks 37 (~35), the rest end to end (270: two same-batch trials of ~35 s; two
-# largest-batch trials, each tracing, ~4 compiles of 13–25 s, the state and the run, ~190 s), 15 for the report.
-OPS_SHARE, PEAK_SHARE, REPORT_S = 0.44, 0.065, 15.0
+# Shares of the budget (seconds, for the default 575 s): ops 270, peaks 37 (~35 on the H200), the rest end to end
+# (253: two same-batch trials of ~35 s; two largest-batch trials, each tracing, ~4 compiles of 13–25 s, the state
+# and the run, ~190 s; 245 s in all on the H200), 15 for the report. The ops phase took 232 s on the H200 for 262
+# rows; its plan now has 241 (estimated 230–245 s): no Liger (torch) rows at the 48 sweep points (~ -25 s) and no
+# liger_jax_xla at FLCE's 4 (~ -7 s), but hidden 32768 (6 rows, ~ +8 s), the small preset's shapes in the token
+# sweeps (16 rows, ~ +12 s) and gated_linear_unit's target (9 rows, ~ +12 s); then tokamax, in TOKAMAX_S.
+OPS_SHARE, PEAK_SHARE, REPORT_S = 0.47, 0.065, 15.0
+# The sweeps settle issue 19's "never slower than XLA"; Liger (torch) and tokamax, comparisons, run at the targets.
+SWEEP_PROVIDERS = (LIGER_JAX, XLA)
+# Kept for tokamax at the end of the ops phase (estimated: process start and imports ~8 s, five probes ~8 s, eight
+# fwd+bwd rows ~15 s); running last, a short budget costs its rows first; it also gets whatever the rest leaves.
+TOKAMAX_S = 30.0
+# tokamax's ops in the order to measure them: its norms and gated linear unit, then its loss, whose XLA path
+# materialises the logits and recomputes them (~3 s a row at N=8192, V=128256; ~6 s at 32768 × 256000).
+TOKAMAX_OPS = ("rms_norm", "layer_norm", "gated_linear_unit", "fused_linear_cross_entropy")
 OPS_OVERRUN_S = 90.0  # the budget stops new measurements; the last one started may still compile and time
 MAX_OPS_RESTARTS = 3
 PEAK_JOBS = 6  # parallel peak processes: CPU-bound start-up and Triton compiles on a 16-core host
@@ -44,15 +56,28 @@ def _log(message: str, start: float) -> None:
 
 
 def ops_phase(args: argparse.Namespace, budget_s: float) -> None:
-    """Runs ``benchmarks.run`` in a subprocess: all ops, targets then sweeps, rows streamed to ``args.out``.
+    """Runs ``benchmarks.run`` in subprocesses, rows streamed to ``args.out``: liger_jax, XLA and Liger (torch) at
+    the targets then liger_jax and XLA at the sweeps, all but :data:`TOKAMAX_S` of ``budget_s``; then tokamax at the
+    targets, fwd+bwd only, in a fresh process (its allocator starts empty, as its loss's full logits want).
+    """
+    deadline = time.monotonic() + budget_s
+    base = [sys.executable, "-m", "benchmarks.run", "--out", str(args.out), "--no-report"]
+    base += ["--smoke"] if args.smoke else ["--time-per-measurement", "0.15"]
+    main = [*base, "--op", *args.op, "--provider", LIGER_JAX, XLA, LIGER_JAX_XLA, LIGER_TORCH]
+    main += ["--sweep", "target", "tokens", "hidden", "vocab", "--sweep-mode", "full"]
+    main += ["--sweep-provider", *SWEEP_PROVIDERS]
+    _run_ops(main, deadline - TOKAMAX_S)
+    tokamax_ops = [name for name in TOKAMAX_OPS if "all" in args.op or name in args.op]
+    if tokamax_ops:
+        _run_ops([*base, "--op", *tokamax_ops, "--provider", TOKAMAX, "--sweep", "target", "--mode", "full"], deadline)
+
+
+def _run_ops(command: list[str], deadline: float) -> None:
+    """Runs one ``benchmarks.run`` command, measuring nothing new after ``deadline`` (a ``time.monotonic()``).
 
     A process that dies (a crash, or a kernel fault that leaves the device unusable) is restarted with
     ``--resume`` while time is left: a fresh process gets a fresh CUDA context and carries on after the fault.
     """
-    deadline = time.monotonic() + budget_s
-    command = [sys.executable, "-m", "benchmarks.run", "--op", *args.op, "--out", str(args.out), "--no-report"]
-    command += ["--sweep", "target", "tokens", "hidden", "vocab", "--sweep-mode", "full"]
-    command += ["--smoke"] if args.smoke else ["--time-per-measurement", "0.15"]
     for attempt in range(MAX_OPS_RESTARTS + 1):
         left = deadline - time.monotonic()
         if left <= 0:

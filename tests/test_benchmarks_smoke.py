@@ -1,12 +1,14 @@
 """The benchmark harness's logic, and one op's smoke run end to end on CPU (nothing here measures speed)."""
 
 import argparse
+import functools
 
 import pytest
 
-from benchmarks import e2e, e2e_trial, peak, report, run, targets, timing
+from benchmarks import e2e, e2e_trial, peak, providers, report, run, targets, timing, tokamax_provider
 from benchmarks import rows as results
-from benchmarks.cases import OPS
+from benchmarks.case import MODES, shape_string
+from benchmarks.cases import OPS, build_case, off_line, sweep_line
 from benchmarks.hardware import floor_ms
 
 
@@ -202,9 +204,158 @@ def test_report_keeps_the_hand_written_header(tmp_path):
 def test_rms_norm_smoke_run_writes_every_output(tmp_path):
     run.main(["--op", "rms_norm", "--smoke", "--mode", "full", "--out", str(tmp_path)])
     rows = results.merged(results.load(tmp_path / results.JSONL))
-    assert {(r["provider"], r["status"]) for r in rows} == {("liger_jax", "ok"), ("xla", "ok")}
-    assert all(r["ms"] > 0 and r["temp_bytes"] is not None for r in rows)
+    missing = tokamax_provider.unavailable()  # CI does not install tokamax: its rows then say so
+    tokamax = ("tokamax", "ok" if missing is None else f"skipped: {missing}")
+    assert {(r["provider"], r["status"]) for r in rows} == {("liger_jax", "ok"), ("xla", "ok"), tokamax}
+    assert all(r["ms"] > 0 and r["temp_bytes"] is not None for r in rows if r["status"] == "ok")
     assert {"results.csv", "results.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_sweeps_run_only_the_sweep_providers_and_a_missing_provider_says_why(tmp_path, monkeypatch):
+    measured = []
+
+    def measure_one(case, provider, mode, policy, smoke):
+        measured.append((case.shape, provider, mode))
+        return {"op": case.op, "provider": provider, "mode": mode, "shape": case.shape, "dtype": case.dtype} | {
+            "status": "skipped: not timed in this test"
+        }
+
+    monkeypatch.setattr(run, "_measure_one", measure_one)
+    monkeypatch.setattr(providers, "unavailable", lambda provider: "not here" if provider == "tokamax" else None)
+    argv = ["--op", "rms_norm", "--sweep", "hidden", "--sweep-mode", "full", "--out", str(tmp_path)]
+    rows = run.run(
+        run.parser().parse_args([*argv, "--provider", "liger_jax", "xla", "tokamax", "--sweep-provider", "xla"])
+    )
+    target = "tokens=16384,hidden=4096"  # a target shape, in the hidden sweep too: every provider, every mode
+    swept = {shape_string(p) for p in OPS["rms_norm"].sweeps["hidden"][1]} - {target}
+    assert {(shape, provider, mode) for shape, provider, mode in measured if shape != target} == {
+        (shape, "xla", "full") for shape in swept
+    }
+    assert {(p, m) for shape, p, m in measured if shape == target} == {
+        (p, m) for p in ("liger_jax", "xla") for m in MODES
+    }
+    skipped = {(r["shape"], r["mode"], r["status"]) for r in rows if r["provider"] == "tokamax"}
+    assert skipped == {(target, mode, "skipped: not here") for mode in MODES}
+
+
+def test_issue_19_shapes_are_in_the_sweeps():
+    for name in ("rms_norm", "layer_norm", "fused_add_rms_norm"):
+        assert {16384, 32768} <= {p["hidden"] for p in OPS[name].sweeps["hidden"][1]}
+    axis, points = OPS["rms_norm"].sweeps["tokens"]
+    line = sweep_line(axis, points)
+    assert line == {"hidden": 4096}
+    assert [off_line(axis, p, line) for p in points] == [{"hidden": 768}, {}, {}, {}, {}]
+    for name, op in OPS.items():  # every token sweep holds the main job's small preset at batch 16 x 128
+        if "tokens" in op.sweeps:
+            axis, points = op.sweeps["tokens"]
+            small = [p for p in points if off_line(axis, p, sweep_line(axis, points))]
+            assert [p.get("tokens", p.get("batch", 0) * p.get("seq", 0)) for p in small] == [2048], name
+
+
+class _FakeKernel:
+    """A liger_jax provider whose default (``implementation=None``) is its XLA path, or a kernel, as asked."""
+
+    def __init__(self, default_is_xla):
+        self.default_is_xla = default_is_xla
+
+    def with_implementation(self, implementation):
+        import jax
+        import jax.numpy as jnp
+
+        @jax.custom_vjp  # made anew on each call, as an op's custom_vjp closes over its options
+        def xla_path(x):
+            return jnp.sin(x)
+
+        xla_path.defvjp(lambda x: (xla_path(x), x), lambda x, g: (g * jnp.cos(x),))
+        if implementation == "xla" or (implementation is None and self.default_is_xla):
+            return xla_path
+        return lambda x: jax.pure_callback(jnp.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@pytest.mark.parametrize("default_is_xla", [True, False])
+def test_the_size_rules_choice_is_read_from_the_traced_program(default_is_xla):
+    import jax
+
+    from benchmarks.case import Case
+
+    make_inputs = lambda key: (jax.random.normal(key, (4, 8)),)  # noqa: E731
+    kernel = _FakeKernel(default_is_xla)
+    params = {"rows": 4, "default_is_xla": int(default_is_xla)}
+    case = Case("fake", params, "float32", make_inputs, (0,), {"liger_jax": kernel}, {}, {})
+    assert providers.size_rule_picks_xla(case) is default_is_xla
+
+
+def _full_row(op, shape, provider, ms, **fields):
+    row = {"op": op, "provider": provider, "mode": "full", "shape": shape, "dtype": "bfloat16", "status": "ok"}
+    row |= {"ms": ms, "p20_ms": ms, "p80_ms": ms, "gb_per_s": 1.0, "tflop_per_s": None, "floor_ms": ms / 2}
+    return row | {"fraction_of_floor": 0.5, "temp_bytes": 0} | fields
+
+
+def test_report_flags_every_sweep_shape_below_the_bar():
+    small, mid, large = "tokens=2048,hidden=768", "tokens=2048,hidden=4096", "tokens=8192,hidden=4096"
+    largest = "tokens=65536,hidden=4096"
+    rows = [
+        _full_row("rms_norm", small, "liger_jax", 0.050, implementation="triton"),
+        _full_row("rms_norm", small, "xla", 0.040),
+        _full_row("rms_norm", mid, "liger_jax", 0.046, implementation="triton"),
+        _full_row("rms_norm", mid, "xla", 0.075),
+        _full_row("rms_norm", large, "liger_jax", 0.210, default_implementation="xla"),  # the size rule picks XLA
+        _full_row("rms_norm", large, "xla", 0.200),
+        _full_row("rms_norm", largest, "liger_jax", 0.700, default_implementation="xla"),  # a rule to retune
+        _full_row("rms_norm", largest, "xla", 1.400),
+    ]
+    text = report.render(rows, set(), "# head\n")
+    assert "| rms_norm | tokens | tokens=2048,hidden=768 | 0.050 | 0.040 | 0.80x | **below 0.97x** |" in text
+    assert "| rms_norm | tokens | tokens=2048,hidden=4096 | 0.046 | 0.075 | 1.63x | ok |" in text
+    assert "| rms_norm | tokens | tokens=8192,hidden=4096 | 0.210 | 0.200 | 0.95x | XLA by the size rule |" in text
+    assert "| tokens=65536,hidden=4096 | 0.700 | 1.40 | 2.00x | ok, though the size rule picks XLA |" in text
+    assert "| 2048 (hidden=768) | 0.050 (**0.80x**, 50%) | 0.040 (1.00x, 50%) |" in text
+    assert "| 8192 | 0.210 (0.95x, 50%, XLA by the size rule) | 0.200 (1.00x, 50%) |" in text
+    goal = next(line for line in text.splitlines() if "every sweep shape" in line)
+    assert "3 of 4 shapes; below: rms_norm tokens=2048,hidden=768 0.80x;" in goal and goal.endswith("| **missed** |")
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "fused_linear_cross_entropy", "gated_linear_unit"])
+def test_tokamax_provider_computes_what_the_xla_baseline_computes(name, full_precision_matmuls):
+    pytest.importorskip("tokamax")
+    import jax
+    import numpy as np
+
+    params = next(p for p, dtype in OPS[name].smoke if dtype == "float32")
+    case = build_case(name, params, "float32")
+    args = case.make_inputs(jax.random.key(0))
+    tokamax = case.providers["tokamax"]
+    through_xla = functools.partial(tokamax.call, tokamax_provider.tokamax_module(), "xla")
+    ours, baseline = (_value_and_grads(fn, args, case.diff_argnums) for fn in (through_xla, case.providers["xla"]))
+    for got, want in zip(ours, baseline, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tokamax_provider_falls_back_to_the_first_implementation_that_runs(monkeypatch):
+    pytest.importorskip("tokamax")
+    monkeypatch.setitem(tokamax_provider.PREFERENCES, "layer_norm", ("no_such_kernel", "xla"))
+    monkeypatch.setattr(tokamax_provider, "_CHOSEN", {})
+    case = build_case("layer_norm", OPS["layer_norm"].smoke[0][0], "float32")
+    row = providers.implementation(case, "tokamax")
+    assert row == {
+        "implementation": "xla",
+        "implementation_note": "no_such_kernel: ValueError: Unknown implementation: no_such_kernel",
+    }
+
+
+def _value_and_grads(fn, args, diff_argnums):
+    """``sum(fn(*args))`` in fp32 and its gradients with respect to ``diff_argnums``."""
+    import jax
+    import jax.numpy as jnp
+
+    def total(*differentiated):
+        full = list(args)
+        for argnum, value in zip(diff_argnums, differentiated, strict=True):
+            full[argnum] = value
+        return jnp.sum(fn(*full).astype(jnp.float32))
+
+    value, grads = jax.value_and_grad(total, argnums=tuple(range(len(diff_argnums))))(*(args[i] for i in diff_argnums))
+    return [value, *grads]
 
 
 def test_resume_knows_what_finished_and_what_died_in_flight(tmp_path):
@@ -340,3 +491,55 @@ def test_e2e_table_says_whether_each_largest_batch_search_converged():
     ]
     table = report._e2e(rows)
     assert "| converged; 40 too big | ok |" in table and "| – | ok |" in table
+
+
+def test_tunix_rows_are_judged_by_their_own_goals_apart_from_the_llama_rows():
+    from benchmarks import tunix_models
+
+    def row(config, provider, phase, batch, peak_gib, tokens_per_s, loss_fn=tunix_models.PEFT_LOSS_FN):
+        return {"config": config, "provider": provider, "phase": phase, "batch": batch, "remat": False} | {
+            "status": "ok",
+            "peak_bytes": peak_gib * 2**30,
+            "tokens_per_s": tokens_per_s,
+            "loss_fn": loss_fn if provider == "liger_jax" else "tunix default",
+        }
+
+    rows = [
+        row("1b", "liger_jax", "same_batch", 8, 27.0, 70.0),
+        row("1b", "xla", "same_batch", 8, 37.0, 68.0),
+        row("tunix-gemma3-1b", "xla", "same_batch", 8, 90.0, 50.0),
+        row("tunix-gemma3-1b", "liger_jax", "same_batch", 8, 30.0, 56.0),
+        row("tunix-gemma3-1b", "xla", "max_batch", 12, 130.0, 50.0),
+        row("tunix-gemma3-1b", "liger_jax", "max_batch", 30, 130.0, 54.0),
+        row("tunix-llama3-1b", "xla", "max_batch", 10, 130.0, 40.0),
+        row("tunix-llama3-1b", "liger_jax", "max_batch", 11, 130.0, 48.0, loss_fn="tunix default: missing"),
+    ]
+    verdicts = targets.e2e_verdicts(rows)
+    assert [(measured, met) for _, measured, met in verdicts] == [
+        ("1.37x lower (batch 8)", False),  # the bundled Llama's, not mixed with Tunix's batch 8
+        ("not measured", None),
+        ("3.00x lower (batch 8)", True),
+        ("1.08x (batch 30 vs 12)", False),
+        ("1.20x (batch 11 vs 10), but liger ran tunix default: missing", None),
+    ]
+    assert [goal.split(":")[0] for goal, _, _ in verdicts[2:]] == ["tunix-gemma3-1b"] * 2 + ["tunix-llama3-1b"]
+
+
+def test_tunix_smoke_runs_each_provider_once_for_both_phases(tmp_path):
+    import time
+
+    pytest.importorskip("tunix")
+    from benchmarks import tunix_models
+
+    argv = ["--smoke", "--combined", "--models", "tunix-gemma3-1b", "--capacity-from-batch", "2"]
+    argv += ["--out", str(tmp_path)]
+    rows = e2e.run_e2e(e2e.parse(argv), deadline=time.monotonic() + 300)
+    assert [(r["provider"], r["phase"], r["batch"], r["status"]) for r in rows] == [
+        (provider, phase, 2, "ok") for provider in ("xla", "liger_jax") for phase in ("same_batch", "max_batch")
+    ]
+    assert {r["config"] for r in rows} == {"tunix-gemma3-tiny"} and len(results.load(tmp_path / results.JSONL)) == 4
+    xla, liger = rows[0], rows[2]
+    assert xla["loss_fn"] == "tunix default" and liger["loss_fn"] == tunix_models.PEFT_LOSS_FN
+    assert liger["swaps"]["rms_norm"] > 0
+    # The same random model and tokens, one warm-up step then one timed step: the same loss up to bf16 rounding.
+    assert liger["loss"] == pytest.approx(xla["loss"], rel=1e-2)

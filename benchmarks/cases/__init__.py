@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Sequence
+
 from benchmarks.case import Case, Op, Params
 from benchmarks.cases import glu, losses, norms, rope
 
@@ -15,6 +18,7 @@ SUITE_ORDER = (
     "layer_norm",
     "fused_add_rms_norm",
     "geglu",
+    "gated_linear_unit",
 )
 _ALL = {op.name: op for op in (*norms.OPS, *rope.OPS, *glu.OPS, *losses.OPS)}
 OPS: dict[str, Op] = {name: _ALL[name] for name in SUITE_ORDER}
@@ -23,3 +27,15 @@ OPS: dict[str, Op] = {name: _ALL[name] for name in SUITE_ORDER}
 def build_case(op: str, params: Params, dtype: str) -> Case:
     """The :class:`Case` of ``op`` at ``params`` and ``dtype`` (MissingOpError if liger_jax lacks it)."""
     return OPS[op].build(dict(params), dtype)
+
+
+def sweep_line(axis: str, points: Sequence[Params]) -> dict[str, int]:
+    """The params other than ``axis`` that most of a sweep's points share: the line it draws. A sweep may also hold
+    points off that line (the token sweeps' small shapes of the main job)."""
+    counts = collections.Counter(tuple((k, v) for k, v in p.items() if k != axis) for p in points)
+    return dict(counts.most_common(1)[0][0])
+
+
+def off_line(axis: str, point: Params, line: Params) -> dict[str, int]:
+    """The params of ``point`` (other than ``axis``) that differ from the sweep's ``line``; empty on the line."""
+    return {k: v for k, v in point.items() if k != axis and line.get(k) != v}

@@ -2,18 +2,20 @@
 
 The ``xla`` baseline is what JAX users write today: ``logits = x @ W`` (FLCE), then
 ``optax.softmax_cross_entropy_with_integer_labels`` on the logits upcast to fp32 (liger_jax's softmax math is fp32
-too), mean over rows. For FLCE, ``liger_jax_xla`` is liger_jax's own chunked pure-JAX path.
+too), mean over rows. For FLCE, ``liger_jax_xla`` is liger_jax's own chunked pure-JAX path and ``tokamax`` is
+``tokamax.linear_softmax_cross_entropy_loss``.
 """
 
 from __future__ import annotations
 
-from benchmarks import draws
+from benchmarks import draws, tokamax_provider
 from benchmarks.case import Case, Op, TorchProgram, itemsize
-from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA, kernel_provider, xla_provider
+from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, TOKAMAX, XLA, kernel_provider, xla_provider
 
 HIDDEN = 4096  # Llama-3-8B
 VOCAB = 128256
 TOKENS = 8192
+SMALL_HIDDEN, SMALL_VOCAB = 768, 32000  # the main job's small preset, at batch 16 × 128 = 2048 tokens
 
 
 def _optax_loss(logits, labels):
@@ -108,6 +110,7 @@ def fused_linear_cross_entropy_case(params, dtype: str) -> Case:
             LIGER_JAX: kernel_provider(name, weight_layout="hv"),
             XLA: _naive_linear_loss,
             LIGER_JAX_XLA: xla_provider(name, weight_layout="hv"),
+            TOKAMAX: tokamax_provider.linear_cross_entropy(dtype),
         },
         {"forward": x + weight + labels, "backward": 2 * (x + weight) + labels, "full": 2 * (x + weight) + labels},
         {"forward": matmul, "backward": 2 * matmul, "full": 3 * matmul},
@@ -121,7 +124,10 @@ OPS = [
         cross_entropy_case,
         [({"tokens": TOKENS, "vocab": VOCAB}, "bfloat16")],
         {
-            "tokens": ("tokens", [{"tokens": n, "vocab": VOCAB} for n in (2048, 8192, 32768)]),
+            "tokens": (
+                "tokens",
+                [{"tokens": 2048, "vocab": SMALL_VOCAB}, *({"tokens": n, "vocab": VOCAB} for n in (2048, 8192, 32768))],
+            ),
             "vocab": ("vocab", [{"tokens": TOKENS, "vocab": v} for v in (32000, 65536, 128256, 256000)]),
         },
         [({"tokens": 37, "vocab": 300}, "float32"), ({"tokens": 64, "vocab": 512}, "bfloat16")],
@@ -134,7 +140,13 @@ OPS = [
             ({"tokens": 32768, "hidden": HIDDEN, "vocab": 256000}, "bfloat16"),
         ],
         {
-            "tokens": ("tokens", [{"tokens": n, "hidden": HIDDEN, "vocab": VOCAB} for n in (2048, 8192, 32768)]),
+            "tokens": (
+                "tokens",
+                [
+                    {"tokens": 2048, "hidden": SMALL_HIDDEN, "vocab": SMALL_VOCAB},
+                    *({"tokens": n, "hidden": HIDDEN, "vocab": VOCAB} for n in (2048, 8192, 32768)),
+                ],
+            ),
             "vocab": ("vocab", [{"tokens": TOKENS, "hidden": HIDDEN, "vocab": v} for v in (32000, 128256, 256000)]),
         },
         [

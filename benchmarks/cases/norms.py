@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from benchmarks import draws
+from benchmarks import draws, tokamax_provider
 from benchmarks.case import Case, Op, TorchProgram, itemsize
-from benchmarks.providers import LIGER_JAX, XLA, kernel_provider, xla_provider
+from benchmarks.providers import LIGER_JAX, TOKAMAX, XLA, kernel_provider, xla_provider
 
 HIDDEN = 4096  # Llama-3-8B
 TOKENS = 16384  # a 4 × 4096-token batch
+SMALL = {"tokens": 2048, "hidden": 768}  # the main job's small preset, batch 16 × 128: launch-bound
 SWEEPS = {
-    "tokens": ("tokens", [{"tokens": n, "hidden": HIDDEN} for n in (2048, 8192, 16384, 65536)]),
-    "hidden": ("hidden", [{"tokens": TOKENS, "hidden": d} for d in (1024, 2048, 4096, 8192, 16384)]),
+    "tokens": ("tokens", [SMALL, *({"tokens": n, "hidden": HIDDEN} for n in (2048, 8192, 16384, 65536))]),
+    # 16384: Llama-3-405B's width; 32768: twice that (issue 19: no width may fall off a cliff).
+    "hidden": ("hidden", [{"tokens": TOKENS, "hidden": d} for d in (1024, 2048, 4096, 8192, 16384, 32768)]),
 }
 SMOKE = [({"tokens": 37, "hidden": 96}, "float32"), ({"tokens": 64, "hidden": 128}, "bfloat16")]
 
@@ -28,15 +30,16 @@ def _no_flops() -> dict[str, float]:
     return {"forward": 0.0, "backward": 0.0, "full": 0.0}
 
 
-def _row_case(op: str, params, dtype: str, make_inputs, diff_argnums, bytes_moved, torch_program) -> Case:
-    """A bandwidth-bound row-wise ``op``: its liger_jax kernel and its XLA reference, no matmul flops."""
+def _row_case(op: str, params, dtype: str, make_inputs, diff_argnums, bytes_moved, torch_program, others=None) -> Case:
+    """A bandwidth-bound row-wise ``op``: its liger_jax kernel, its XLA reference and ``others`` (provider name →
+    fn), no matmul flops."""
     return Case(
         op,
         params,
         dtype,
         make_inputs,
         diff_argnums,
-        {LIGER_JAX: kernel_provider(op), XLA: xla_provider(op)},
+        {LIGER_JAX: kernel_provider(op), XLA: xla_provider(op), **(others or {})},
         bytes_moved,
         _no_flops(),
         torch_program,
@@ -61,7 +64,8 @@ def rms_norm_case(params, dtype: str) -> Case:
         )
 
     bytes_moved = _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=1)
-    return _row_case("rms_norm", params, dtype, make_inputs, (0, 1), bytes_moved, torch_program)
+    others = {TOKAMAX: tokamax_provider.rms_norm(dtype, epsilon=1e-6)}
+    return _row_case("rms_norm", params, dtype, make_inputs, (0, 1), bytes_moved, torch_program, others)
 
 
 def layer_norm_case(params, dtype: str) -> Case:
@@ -87,7 +91,8 @@ def layer_norm_case(params, dtype: str) -> Case:
         )
 
     bytes_moved = _bytes(params, dtype, forward_passes=2, backward_passes=3, n_params=2)
-    return _row_case("layer_norm", params, dtype, make_inputs, (0, 1, 2), bytes_moved, torch_program)
+    others = {TOKAMAX: tokamax_provider.layer_norm(dtype, epsilon=1e-5)}  # the epsilon liger_jax's and Liger's take
+    return _row_case("layer_norm", params, dtype, make_inputs, (0, 1, 2), bytes_moved, torch_program, others)
 
 
 def fused_add_rms_norm_case(params, dtype: str) -> Case:

@@ -14,8 +14,10 @@ def _shape(batch: int, seq: int, q_heads: int) -> dict[str, int]:
     return {"batch": batch, "seq": seq, "q_heads": q_heads, "kv_heads": q_heads // GQA_GROUP, "head_dim": HEAD_DIM}
 
 
+# The main job's small preset at batch 16 × 128: launch-bound.
+SMALL = {"batch": 16, "seq": 128, "q_heads": 12, "kv_heads": 4, "head_dim": 64}
 SWEEPS = {
-    "tokens": ("seq", [_shape(4, s, 32) for s in (1024, 2048, 4096, 8192)]),
+    "tokens": ("seq", [SMALL, *(_shape(4, s, 32) for s in (1024, 2048, 4096, 8192))]),
     "hidden": ("q_heads", [_shape(4, 4096, h) for h in (8, 16, 32, 64)]),
 }
 SMOKE = [

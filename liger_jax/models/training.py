@@ -8,6 +8,7 @@ State creation and the step are separate functions so that sharding can be layer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -78,24 +79,32 @@ def init_train_state(model: nnx.Module, optimizer: optax.GradientTransformation)
     return graphdef, TrainState(params, rest, optimizer.init(params))
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *, donate: bool = True):
-    """A jitted ``step(state, tokens, labels) -> (state, loss)`` of ``model.loss`` for the model of ``graphdef``.
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    *,
+    donate: bool = True,
+    loss_fn: Callable[..., jax.Array] | None = None,
+):
+    """A jitted ``step(state, *batch) -> (state, loss)`` of ``loss_fn(model, *batch)`` for the model of ``graphdef``.
 
     Args:
         graphdef: from :func:`init_train_state`.
         optimizer: the optax transformation the state was initialised with.
         donate: donate the input state's buffers to the output (the caller must not reuse the old state).
+        loss_fn: ``(model, *batch) -> scalar loss``; None: ``model.loss(tokens, labels)``, the batch being
+            ``tokens``/``labels`` ``[B, S]`` int32 (the bundled Llama's mean cross-entropy).
 
     Returns:
-        The step: ``tokens``/``labels`` ``[B, S]`` int32; ``loss`` is the float32 mean cross-entropy *before*
-        the update.
+        The step; ``loss`` is the loss *before* the update.
     """
+    loss_of_model = loss_fn or (lambda model, tokens, labels: model.loss(tokens, labels))
 
-    def step(state: TrainState, tokens: jax.Array, labels: jax.Array) -> tuple[TrainState, jax.Array]:
-        def loss_fn(params: nnx.State) -> jax.Array:
-            return nnx.merge(graphdef, params, state.rest).loss(tokens, labels)
+    def step(state: TrainState, *batch: jax.Array) -> tuple[TrainState, jax.Array]:
+        def loss_of_params(params: nnx.State) -> jax.Array:
+            return loss_of_model(nnx.merge(graphdef, params, state.rest), *batch)
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        loss, grads = jax.value_and_grad(loss_of_params)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, state.rest, opt_state), loss
