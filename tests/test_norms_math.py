@@ -1,0 +1,131 @@
+"""RMSNorm, LayerNorm and the fused add + RMSNorm, term by term: values and every gradient against float64 closed
+forms written independently of the references, with a large epsilon and an offset so that each term shows, the
+gradient identities of LayerNorm, and float64 finite differences. In fp32 the casting modes differ only by
+roundings that are exact, so one closed form serves them all. The tests ``tools/mutation.py`` runs first against
+the norm kernels and backward rules."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import liger_jax
+from tests import harness
+
+EPSILON = 0.5
+# (rows, D): one row; many rows of an odd D (row tiles and column sums with a partial last tile).
+SHAPES = [(1, 37), (45, 37), (7, 300)]
+CASTING_MODES = ["llama", "gemma", "none"]
+
+
+def rms_norm_closed_form(x, scale, dy, epsilon, offset):
+    """``(y, dx, dscale)`` in float64: y = x r w with r = (mean(x²) + ε)^-1/2 and w = offset + scale;
+    dx = r g - x r³ mean(g x) with g = w dy; dscale = Σ_rows dy x r."""
+    x, scale, dy = (np.asarray(a, np.float64) for a in (x, scale, dy))
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + epsilon)
+    g = (offset + scale) * dy
+    dx = r * g - x * r**3 * np.mean(g * x, axis=-1, keepdims=True)
+    return x * r * (offset + scale), dx, np.sum(dy * x * r, axis=0)
+
+
+def layer_norm_closed_form(x, scale, bias, dy, epsilon):
+    """``(y, dx, dscale, dbias)`` in float64: y = x̂ s + b with x̂ = (x - mean) r, r = (var + ε)^-1/2;
+    dx = r (g - mean(g) - x̂ mean(g x̂)) with g = s dy; dscale = Σ_rows dy x̂; dbias = Σ_rows dy."""
+    x, scale, bias, dy = (np.asarray(a, np.float64) for a in (x, scale, bias, dy))
+    centred = x - x.mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
+    normed = centred * r
+    g = scale * dy
+    dx = r * (g - g.mean(axis=-1, keepdims=True) - normed * np.mean(g * normed, axis=-1, keepdims=True))
+    return normed * scale + bias, dx, np.sum(dy * normed, axis=0), np.sum(dy, axis=0)
+
+
+def _normal(seed, shape, loc=0.0):
+    return jnp.asarray(loc + np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def _assert_close(actual, expected, rtol=2e-5):
+    expected = np.asarray(expected, np.float64)
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("casting_mode", CASTING_MODES)
+def test_rms_norm_matches_the_closed_form(implementation, shape, casting_mode):
+    x, scale, dy = _normal(1, shape), _normal(2, shape[-1:]), _normal(3, shape)
+    y, (dx, dscale) = harness.vjp_under_jit(
+        lambda x, scale: liger_jax.rms_norm(
+            x, scale, epsilon=EPSILON, offset=1.0, casting_mode=casting_mode, implementation=implementation
+        ),
+        (x, scale),
+        dy,
+    )
+    for actual, expected in zip((y, dx, dscale), rms_norm_closed_form(x, scale, dy, EPSILON, 1.0), strict=True):
+        _assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("casting_mode", CASTING_MODES)
+def test_fused_add_rms_norm_matches_the_closed_form(implementation, shape, casting_mode):
+    x, residual, scale = _normal(4, shape), _normal(5, shape), _normal(6, shape[-1:])
+    dy, dsum = _normal(7, shape), _normal(8, shape)
+    (y, total), (dx, dresidual, dscale) = harness.vjp_under_jit(
+        lambda x, residual, scale: liger_jax.fused_add_rms_norm(
+            x, residual, scale, epsilon=EPSILON, offset=1.0, casting_mode=casting_mode, implementation=implementation
+        ),
+        (x, residual, scale),
+        (dy, dsum),
+    )
+    summed = np.asarray(x, np.float64) + np.asarray(residual, np.float64)
+    expected_y, expected_dx, expected_dscale = rms_norm_closed_form(summed, scale, dy, EPSILON, 1.0)
+    _assert_close(total, summed)
+    _assert_close(y, expected_y)
+    _assert_close(dx, expected_dx + np.asarray(dsum, np.float64))
+    _assert_close(dresidual, expected_dx + np.asarray(dsum, np.float64))
+    _assert_close(dscale, expected_dscale)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_layer_norm_matches_the_closed_form(implementation, shape):
+    # x off-centre, so a dropped mean shows.
+    x, scale, bias, dy = (
+        _normal(9, shape, loc=3.0),
+        _normal(10, shape[-1:]),
+        _normal(11, shape[-1:]),
+        _normal(12, shape),
+    )
+    y, (dx, dscale, dbias) = harness.vjp_under_jit(
+        lambda x, scale, bias: liger_jax.layer_norm(x, scale, bias, epsilon=EPSILON, implementation=implementation),
+        (x, scale, bias),
+        dy,
+    )
+    expected = layer_norm_closed_form(x, scale, bias, dy, EPSILON)
+    for actual, value in zip((y, dx, dscale, dbias), expected, strict=True):
+        _assert_close(actual, value)
+    # Rows of dx sum to zero: the normalisation is invariant to adding a constant to a row.
+    np.testing.assert_allclose(np.sum(np.asarray(dx, np.float64), axis=-1), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_finite_differences_in_float64(implementation):
+    # Through the fp32 kernels, float64 finite differences need tolerances that fp32 rounding allows.
+    shape = (5, 9)
+    x, residual, scale, bias = _normal(13, shape), _normal(14, shape), _normal(15, (9,)), _normal(16, (9,))
+    dtype = jnp.float64 if implementation == "xla" else jnp.float32
+
+    def norms(x, residual, scale, bias):
+        x, residual, scale, bias = (a.astype(dtype) for a in (x, residual, scale, bias))
+        kwargs = {"epsilon": EPSILON, "implementation": implementation}
+        outputs = (
+            liger_jax.rms_norm(x, scale, offset=1.0, **kwargs),
+            *liger_jax.fused_add_rms_norm(x, residual, scale, offset=1.0, **kwargs),
+            liger_jax.layer_norm(x, scale, bias, **kwargs),
+        )
+        return tuple(output.astype(jnp.float64) for output in outputs)
+
+    tolerance = {"atol": 1e-7, "rtol": 1e-7, "eps": 1e-4} if implementation == "xla" else {"atol": 2e-3, "rtol": 2e-3}
+    check_grads(jax.jit(norms), harness.as_float64(x, residual, scale, bias), order=1, modes=["rev"], **tolerance)

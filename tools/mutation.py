@@ -1,0 +1,512 @@
+"""Mutation testing of the Triton kernels and the ops' backward rules: run by hand, not in CI.
+
+Each mutant is one small change to one file — a number, an operator, a comparison bound, a dropped term or factor,
+a swapped ``where`` or ``maximum`` — applied to a copy of the package, against which the file's targeted tests run
+(``-x``, with a timeout). A mutant the tests fail on is *killed*; one they pass is a *survivor*: either a hole in the
+tests or an equivalent mutant (it computes the same thing), which ``tests/README.md`` lists with the reason.
+
+    python tools/mutation.py --list liger_jax/kernels/glu.py      # the mutants, without running them
+    python tools/mutation.py                                      # every target, in TARGETS' order
+    python tools/mutation.py liger_jax/kernels/cross_entropy.py --jobs 2 --out /tmp/mutation
+
+Results go to ``OUT/results.jsonl`` (one line per mutant, appended as they finish; a rerun skips the mutants
+already there) and ``OUT/report.md`` (the score per file and every survivor). The working tree is never modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A file to mutate and the tests that must catch its mutants.
+
+    ``functions`` limits the mutants to those functions (and the functions nested in them); None mutates the whole
+    module. ``tests`` are pytest arguments, fastest-killing first (each run stops at the first failure).
+    """
+
+    functions: tuple[str, ...] | None
+    tests: tuple[str, ...]
+
+
+_CROSS_ENTROPY_TESTS = ("tests/test_cross_entropy_math.py", "tests/test_cross_entropy.py", "-k", "not xla")
+_ROW_NORM_TESTS = ("tests/test_norms_math.py",)
+# In the order they run: files nobody else is rewriting first, the norm kernels last.
+TARGETS: dict[str, Target] = {
+    "liger_jax/kernels/cross_entropy.py": Target(None, _CROSS_ENTROPY_TESTS),
+    "liger_jax/ops/cross_entropy.py": Target(("_cross_entropy_fwd", "_cross_entropy_bwd"), _CROSS_ENTROPY_TESTS),
+    "liger_jax/ops/_cross_entropy_rows.py": Target(
+        ("count_targets", "reduce_rows", "reduction_grad_scale", "row_grads", "_kernel_row_losses_and_grads"),
+        _CROSS_ENTROPY_TESTS,
+    ),
+    "liger_jax/kernels/glu.py": Target(None, ("tests/test_glu_math.py", "tests/test_glu.py", "-k", "not xla")),
+    "liger_jax/ops/glu.py": Target(
+        ("_glu_fwd", "_glu_bwd", "_backward_launcher"), ("tests/test_glu_math.py", "tests/test_glu.py", "-k", "not xla")
+    ),
+    "liger_jax/kernels/rope.py": Target(None, ("tests/test_rope_math.py", "tests/test_rope.py", "-k", "not xla")),
+    "liger_jax/ops/rope.py": Target(
+        ("_rope_fwd", "_rope_bwd"), ("tests/test_rope_math.py", "tests/test_rope.py", "-k", "not xla")
+    ),
+    "liger_jax/kernels/rms_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla")),
+    "liger_jax/kernels/layer_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla")),
+    "liger_jax/ops/rms_norm.py": Target(
+        ("_rms_norm_fwd", "_rms_norm_bwd"), (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla")
+    ),
+    "liger_jax/ops/layer_norm.py": Target(
+        ("_layer_norm_fwd", "_layer_norm_bwd"), (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla")
+    ),
+    "liger_jax/ops/fused_add_rms_norm.py": Target(
+        ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd"),
+        (*_ROW_NORM_TESTS, "tests/test_fused_add_rms_norm.py", "-k", "not xla"),
+    ),
+}
+
+
+_MASKED_FILL = "the fill value of masked lanes, which no stored result uses"
+_LAX_MAP = "a batch that no longer folds into the rows goes through lax.map, one launch per example: the same numbers"
+_FLCE_ONLY = (
+    "only fused_linear_cross_entropy calls this, on [rows, V] chunks and never under this vmap rule (it batches "
+    "examples itself)"
+)
+_CE = "liger_jax/kernels/cross_entropy.py"
+_CE_ROWS = "liger_jax/ops/_cross_entropy_rows.py"
+_VMAP_OF_THREE_OPERANDS = "return vmap_over_rows(sharded, row_argnums=(0, 1, 2), reduces_rows=False)"
+# Survivors that compute what the original computes: (file, source line, original, replacement) -> why.
+EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    (
+        _CE,
+        "z = tl.load(logits_ptr + offsets, mask=active[:, None] & col_mask, other=0.0).to(tl.float32)",
+        "0.0",
+        "(1.0)",
+    ): ("inactive rows store zeros and masked columns become -inf whatever was loaded"),
+    (_CE, 'shift = tl.where(new_max == float("-inf"), 0.0, new_max)', "0.0", "(1.0)"): (
+        "any finite shift works while a row has seen only -inf: exp(-inf - shift) is 0 either way"
+    ),
+    (_CE, "if label_smoothing > 0:", "label_smoothing > 0", "(label_smoothing >= 0)"): (
+        "without smoothing Σc is summed but never used (the loss skips its term on the same condition)"
+    ),
+    (
+        _CE,
+        "if label_smoothing > 0:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf",
+        "label_smoothing > 0",
+        "(label_smoothing >= 0)",
+    ): "without smoothing Σc was not summed (it is 0), so the term subtracted is 0 · 0",
+    (_CE, "target_offsets = rows * n_cols + tl.where(in_range, labels, 0)", "0", "(1)"): (
+        "the offset of rows whose label is out of range, whose load is masked off"
+    ),
+    (
+        _CE,
+        "target = tl.load(logits_ptr + target_offsets, mask=active & in_range, other=0.0).to(tl.float32)",
+        "0.0",
+        "(1.0)",
+    ): "rows that load no target store a zero or NaN loss whatever it is",
+    (_CE, "scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
+    (_CE, "tanh = tl.where(col_mask, c / softcap, 0.0)", "0.0", "(1.0)"): _MASKED_FILL,
+    (_CE, "lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
+    (_CE_ROWS, "return vmap_over_rows(sharded, row_argnums=(0, 1, 2, 3), reduces_rows=False)", "False", "(True)"): (
+        _LAX_MAP
+    ),
+    (
+        _CE_ROWS,
+        "out_shape = (jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype), *_row_shapes(n_rows, 3))",
+        "-1",
+        "(1)",
+    ): _FLCE_ONLY,
+    **{
+        (_CE_ROWS, _VMAP_OF_THREE_OPERANDS, original, f"({replacement})"): _FLCE_ONLY
+        for original, replacement in [("0", "1"), ("1", "2"), ("2", "3"), ("False", "True")]
+    },
+    ("liger_jax/ops/glu.py", _VMAP_OF_THREE_OPERANDS, "False", "(True)"): _LAX_MAP,
+    **{
+        (
+            "liger_jax/kernels/glu.py",
+            f"{value} = tl.load({operand}_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+            "0.0",
+            "(1.0)",
+        ): _MASKED_FILL
+        for value, operand in [("g", "gate"), ("u", "up"), ("dout", "dout")]
+    },
+    ("liger_jax/kernels/glu.py", "GELU_TANH = tl.constexpr(1)", "1", "(2)"): "any code other than SILU's names GeGLU",
+    ("liger_jax/ops/glu.py", "input_output_aliases={0: 0},", "0", "(1)"): (
+        "dgate over gate's buffer or dup over dout's works as well: each element is read before it is written"
+    ),
+    (
+        "liger_jax/ops/rope.py",
+        "dq, dk = _launcher(interleaved, True, implementation, alias_cotangents=True)(dq_rot, dk_rot, cos, sin)",
+        "True",
+        "(False)",
+    ): "aliasing only lets the gradients reuse the dead cotangents' buffers",
+    **{
+        (
+            "liger_jax/kernels/rope.py",
+            "for head_tile in range((N_HEADS + BLOCK_HEADS - 1) // BLOCK_HEADS):",
+            "N_HEADS + BLOCK_HEADS - 1",
+            replacement,
+        ): ("an extra head tile lies wholly past N_HEADS, masked off")
+        for replacement in ["(N_HEADS + BLOCK_HEADS + 1)", "(N_HEADS + BLOCK_HEADS)"]
+    },
+    **{
+        (
+            "liger_jax/kernels/rope.py",
+            f"{value} = tl.load({pointer} + {offsets}, mask={mask}, other=0.0).to(tl.float32)",
+            "0.0",
+            "(1.0)",
+        ): _MASKED_FILL
+        for value, pointer, offsets, mask in [
+            ("x1", "x_ptr", "first_offsets", "mask"),
+            ("x2", "x_ptr", "second_offsets", "mask"),
+            ("cos1", "table_row", "first", "pair_mask"),
+            ("cos2", "table_row", "second", "pair_mask"),
+            ("sin1", "table_row", "first", "pair_mask"),
+            ("sin2", "table_row", "second", "pair_mask"),
+        ]
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One change: the source bytes ``[start, end)`` of ``path`` replaced by ``replacement``."""
+
+    path: str
+    source_hash: str  # of the file mutated: results of an older version are not reused
+    line: int
+    start: int
+    end: int
+    context: str  # the source line, stripped
+    original: str
+    replacement: str
+    kind: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.path}:{self.source_hash}:{self.start}:{self.end}:{self.replacement}"
+
+    @property
+    def equivalence(self) -> str | None:
+        """Why this mutant computes what the original does, when EQUIVALENT says it does."""
+        return EQUIVALENT.get((self.path, self.context, self.original, self.replacement))
+
+    def apply(self, source: bytes) -> bytes:
+        return source[: self.start] + self.replacement.encode() + source[self.end :]
+
+
+_SWAPPED_OPERATORS = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult,
+    ast.Pow: ast.Mult,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+}
+_SHIFTED_BOUNDS = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+}
+_SWAPPED_CALLS = {"maximum": "minimum", "minimum": "maximum", "max": "min", "min": "max"}
+_ARRAY_MODULES = {"tl", "jnp", "np", "jax.numpy"}
+_INDEXING = {"program_id", "arange"}
+
+
+def _changes(node: ast.AST) -> Iterator[tuple[str, ast.AST | str]]:
+    """``(kind, replacement)`` for each mutation of ``node``: a new node, or source text for a statement."""
+    match node:
+        case ast.Constant(value=bool(value)):
+            yield "constant", ast.Constant(not value)
+        case ast.Constant(value=int(value)):
+            yield "constant", ast.Constant(value + 1)
+        case ast.Constant(value=float(value)):
+            yield "constant", ast.Constant(1.0 if value == 0.0 else 2.0 * value)
+        case ast.BinOp(left=left, op=op, right=right):
+            if type(op) in _SWAPPED_OPERATORS:
+                yield "operator", ast.BinOp(left, _SWAPPED_OPERATORS[type(op)](), right)
+            if isinstance(op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+                yield "dropped term", left
+            if isinstance(op, (ast.Add, ast.Mult)):
+                yield "dropped term", right
+            if isinstance(op, ast.Div) and not isinstance(right, ast.Constant):
+                yield "denominator", ast.BinOp(left, op, ast.BinOp(right, ast.Add(), ast.Constant(1)))
+        case ast.AugAssign(target=target, op=op, value=value) if type(op) in _SWAPPED_OPERATORS:
+            yield "operator", ast.unparse(ast.AugAssign(target, _SWAPPED_OPERATORS[type(op)](), value))
+            yield "dropped term", "pass"
+        case ast.Compare(left=left, ops=[op], comparators=comparators) if type(op) in _SHIFTED_BOUNDS:
+            yield "bound", ast.Compare(left, [_SHIFTED_BOUNDS[type(op)]()], comparators)
+        case ast.UnaryOp(op=ast.USub() | ast.Not(), operand=operand):
+            yield "dropped sign", operand
+        case ast.BoolOp(op=op, values=values):
+            yield "operator", ast.BoolOp(ast.Or() if isinstance(op, ast.And) else ast.And(), values)
+        case ast.Call(func=ast.Attribute(value=module, attr=name) as func, args=args, keywords=keywords):
+            if name in _SWAPPED_CALLS and ast.unparse(module) in _ARRAY_MODULES:
+                swapped = ast.Attribute(module, _SWAPPED_CALLS[name], func.ctx)
+                yield "call", ast.Call(swapped, args, keywords)
+            if name == "where" and len(args) == 3:
+                yield "call", ast.Call(func, [args[0], args[2], args[1]], keywords)
+
+
+def _is_address(node: ast.AST) -> bool:
+    """Pointer arithmetic (``x_ptr + offsets``): its mutants read out of bounds rather than compute wrong math."""
+    return isinstance(node, ast.BinOp) and any(
+        isinstance(side, ast.Name) and side.id.endswith("_ptr") for side in (node.left, node.right)
+    )
+
+
+def _is_indexing(node: ast.AST) -> bool:
+    """``tl.program_id(axis)`` and ``tl.arange(start, end)``: the launch's plumbing, not the math."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _INDEXING
+
+
+def _skipped_children(node: ast.AST) -> set[int]:
+    """ids of the subtrees never mutated under ``node``: docstrings, annotations, decorators, messages, imports,
+    addresses and indexing."""
+    skipped: list[ast.AST] = []
+    if _is_address(node) or _is_indexing(node):
+        skipped.append(node)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        skipped += node.decorator_list + ([node.returns] if node.returns else [])
+        skipped += [arg.annotation for arg in ast.walk(node.args) if isinstance(arg, ast.arg) and arg.annotation]
+    if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+        skipped.append(node.body[0])
+    if isinstance(node, ast.AnnAssign):
+        skipped.append(node.annotation)
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.Raise, ast.Assert, ast.JoinedStr)):
+        skipped.append(node)
+    return {id(child) for child in skipped}
+
+
+def _mutation_sites(tree: ast.Module, functions: tuple[str, ...] | None) -> Iterator[ast.AST]:
+    """Every node that may be mutated, in source order."""
+
+    def visit(node: ast.AST, inside: bool) -> Iterator[ast.AST]:
+        skipped = _skipped_children(node)
+        if id(node) in skipped:
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and functions is not None:
+            inside = inside or node.name in functions
+        if inside and not isinstance(node, ast.Module):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            if id(child) not in skipped:
+                yield from visit(child, inside)
+
+    yield from visit(tree, functions is None)
+
+
+def mutants(path: str, target: Target) -> list[Mutant]:
+    """The mutants of ``path`` (relative to the repository root) that ``target`` asks for."""
+    source = (ROOT / path).read_bytes()
+    source_hash = hashlib.sha256(source).hexdigest()[:12]
+    lines = source.decode().splitlines()
+    tree = ast.parse(source)
+    line_starts = [0]
+    for line in source.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    found: dict[tuple[int, int, str], Mutant] = {}
+    for node in _mutation_sites(tree, target.functions):
+        if not hasattr(node, "end_col_offset"):
+            continue
+        start = line_starts[node.lineno - 1] + node.col_offset
+        end = line_starts[node.end_lineno - 1] + node.end_col_offset
+        original = source[start:end].decode()
+        for kind, change in _changes(node):
+            replacement = change if isinstance(change, str) else f"({ast.unparse(change)})"
+            context = lines[node.lineno - 1].strip()
+            original = " ".join(original.split())
+            mutant = Mutant(path, source_hash, node.lineno, start, end, context, original, replacement, kind)
+            found.setdefault((start, end, replacement), mutant)  # a * a loses either factor alike
+    return list(found.values())
+
+
+@dataclasses.dataclass
+class Workspace:
+    """A private copy of the package and its tests, where one mutant at a time is applied."""
+
+    folder: Path
+
+    @classmethod
+    def create(cls) -> Workspace:
+        folder = Path(tempfile.mkdtemp(prefix="liger_jax_mutation_"))
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for name in ("liger_jax", "tests"):
+            shutil.copytree(ROOT / name, folder / name, ignore=ignore)
+        shutil.copy(ROOT / "pyproject.toml", folder / "pyproject.toml")
+        return cls(folder)
+
+    def run_tests(self, tests: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+        """``(outcome, seconds, last output line)``: outcome "passed", "failed" or "timeout"."""
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+        environment = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                command, cwd=self.folder, env=environment, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return "timeout", time.monotonic() - started, ""
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        return ("passed" if done.returncode == 0 else "failed"), time.monotonic() - started, (lines or [""])[-1]
+
+    def run_mutant(self, mutant: Mutant, tests: tuple[str, ...], timeout: float) -> dict:
+        file = self.folder / mutant.path
+        original = file.read_bytes()
+        file.write_bytes(mutant.apply(original))
+        try:
+            outcome, seconds, summary = self.run_tests(tests, timeout)
+        finally:
+            file.write_bytes(original)
+        status = {"passed": "survived", "failed": "killed", "timeout": "timeout"}[outcome]
+        return (
+            dataclasses.asdict(mutant)
+            | {"key": mutant.key, "status": status, "seconds": round(seconds, 1)}
+            | {"summary": summary}
+        )
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _load(results_path: Path) -> dict[str, dict]:
+    if not results_path.exists():
+        return {}
+    rows = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
+    return {row["key"]: row for row in rows}
+
+
+def report(results: dict[str, dict], paths: list[str]) -> str:
+    """The markdown report on the current mutants of ``paths``: counts and score per file, then every survivor.
+
+    A survivor listed in EQUIVALENT counts as equivalent, with its reason. The score is (killed + timeout) over the
+    mutants run less the equivalent ones; the raw score over all the mutants run.
+    """
+    table = [
+        "| file | mutants | killed | timeout | equivalent | survived | not run | score | raw score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    survivors, equivalents, totals = [], [], collections.Counter()
+    for path in paths:
+        counts = collections.Counter()
+        for mutant in mutants(path, TARGETS[path]):
+            row = results.get(mutant.key)
+            status = "not run" if row is None else row["status"]
+            if status == "survived" and mutant.equivalence:
+                status = "equivalent"
+                equivalents.append(f"- {_describe(mutant)}: {mutant.equivalence}")
+            elif status == "survived":
+                survivors.append(f"- {_describe(mutant)}")
+            counts[status] += 1
+        totals += counts
+        table.append(_score_row(path, counts))
+    table.append(_score_row("all", totals))
+    return "\n".join([*table, "", "Survivors:", "", *survivors, "", "Equivalent mutants:", "", *equivalents]) + "\n"
+
+
+def _describe(mutant: Mutant) -> str:
+    return f"{mutant.path}:{mutant.line} ({mutant.kind}) `{mutant.original}` → `{mutant.replacement}`"
+
+
+def _score_row(name: str, counts: collections.Counter) -> str:
+    statuses = ("killed", "timeout", "equivalent", "survived", "not run")
+    caught = counts["killed"] + counts["timeout"]
+    decided, run = caught + counts["survived"], caught + counts["survived"] + counts["equivalent"]
+    scores = [f"{caught / total:.1%}" if total else "–" for total in (decided, run)]
+    return f"| {name} | {sum(counts.values())} | " + " | ".join([*(str(counts[s]) for s in statuses), *scores]) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="*", help="files of TARGETS to mutate (default: all, in TARGETS' order)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once, each in its own copy")
+    parser.add_argument("--timeout", type=float, default=0.0, help="seconds per mutant (default: 3x clean run + 60)")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "liger_jax_mutation")
+    parser.add_argument("--retest-survivors", action="store_true", help="run the survivors again (new tests)")
+    parser.add_argument("--report", action="store_true", help="write OUT/report.md from the results so far")
+    args = parser.parse_args(argv)
+    paths = args.files or list(TARGETS)
+    unknown = [path for path in paths if path not in TARGETS]
+    if unknown:
+        parser.error(f"not in TARGETS: {unknown}; known: {list(TARGETS)}")
+    if args.list:
+        for path in paths:
+            for mutant in mutants(path, TARGETS[path]):
+                print(f"{path}:{mutant.line} ({mutant.kind}) {mutant.original!r} -> {mutant.replacement!r}")
+        return 0
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.jsonl"
+    results = _load(results_path)
+    workspaces = [] if args.report else [Workspace.create() for _ in range(args.jobs)]
+    try:
+        for path in paths if workspaces else []:
+            target = TARGETS[path]
+            todo = [mutant for mutant in mutants(path, target) if _needs_run(mutant, results, args.retest_survivors)]
+            if not todo:
+                continue
+            outcome, seconds, summary = workspaces[0].run_tests(target.tests, timeout=1800)
+            if outcome != "passed":
+                print(f"{path}: the clean tests do not pass ({summary}); skipped", flush=True)
+                continue
+            timeout = args.timeout or 3 * seconds + 60
+            print(f"{path}: {len(todo)} mutants to run; clean run {seconds:.0f} s, timeout {timeout:.0f} s", flush=True)
+            free = list(workspaces)
+            with concurrent.futures.ThreadPoolExecutor(len(workspaces)) as pool:
+                running = {}
+                for mutant in todo:
+                    if not free:
+                        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                        for future in done:
+                            free.append(running.pop(future))
+                            _record(future.result(), results, results_path)
+                    workspace = free.pop()
+                    running[pool.submit(workspace.run_mutant, mutant, target.tests, timeout)] = workspace
+                for future in concurrent.futures.as_completed(running):
+                    _record(future.result(), results, results_path)
+    finally:
+        for workspace in workspaces:
+            workspace.remove()
+    text = report(results, paths)
+    (args.out / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+def _needs_run(mutant: Mutant, results: dict[str, dict], retest_survivors: bool) -> bool:
+    row = results.get(mutant.key)
+    return row is None or (retest_survivors and row["status"] == "survived" and not mutant.equivalence)
+
+
+def _record(row: dict, results: dict[str, dict], results_path: Path) -> None:
+    results[row["key"]] = row
+    with results_path.open("a") as file:
+        file.write(json.dumps(row) + "\n")
+    print(
+        f"{row['status']:8} {row['seconds']:6.1f}s {row['path']}:{row['line']} ({row['kind']}) "
+        f"{row['original']!r} -> {row['replacement']!r}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
