@@ -11,6 +11,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax.ops import _tiling
 from tests import harness
 
 EPSILON = 0.5
@@ -129,3 +130,60 @@ def test_finite_differences_in_float64(implementation):
 
     tolerance = {"atol": 1e-7, "rtol": 1e-7, "eps": 1e-4} if implementation == "xla" else {"atol": 2e-3, "rtol": 2e-3}
     check_grads(jax.jit(norms), harness.as_float64(x, residual, scale, bias), order=1, modes=["rev"], **tolerance)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("casting_mode", CASTING_MODES)
+@pytest.mark.parametrize("fused_add", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
+def test_each_casting_mode_rounds_as_its_own_oracle(implementation, casting_mode, fused_add):
+    # The modes differ by an ulp or two of bf16, inside any tolerance: a kernel running another mode's roundings
+    # shows only as results that match the other mode's float64 oracle bit for bit more often than its own.
+    x, scale = _normal(17, (64, 37)), _normal(18, (37,))
+    x, scale = x.astype(jnp.bfloat16), scale.astype(jnp.bfloat16)
+    kwargs = {"epsilon": EPSILON, "casting_mode": casting_mode, "implementation": implementation}
+    if fused_add:  # a zero residual: the sum is x exactly
+        y, _ = liger_jax.fused_add_rms_norm(x, jnp.zeros_like(x), scale, **kwargs)
+    else:
+        y = liger_jax.rms_norm(x, scale, **kwargs)
+
+    def oracle(mode):
+        return liger_jax.rms_norm_reference(
+            *harness.as_float64(x, scale), epsilon=EPSILON, casting_mode=mode, rounding_dtype=jnp.bfloat16
+        ).astype(jnp.bfloat16)
+
+    matches = {mode: np.mean(np.asarray(y == oracle(mode))) for mode in CASTING_MODES}
+    # Measured: 100% against its own oracle, at most 82% against another mode's.
+    assert matches[casting_mode] > 0.99, matches
+    assert all(matches[casting_mode] > matches[mode] + 0.1 for mode in CASTING_MODES if mode != casting_mode), matches
+
+
+@pytest.mark.parametrize("n_cols", [192, 200], ids=["whole_blocks", "partial_block"])
+def test_column_blocks_match_the_closed_forms(n_cols):
+    # Rows walked in 64-column blocks (forced): a whole number of blocks, where a loop bound off by one shows, and a
+    # partial last block.
+    shape = (5, n_cols)
+    x, residual, scale, bias, dy = (
+        _normal(20 + i, s) for i, s in enumerate([shape, shape, (n_cols,), (n_cols,), shape])
+    )
+    kwargs = {"epsilon": EPSILON, "implementation": harness.KERNEL_IMPLEMENTATION}
+    with _tiling.overridden(harness.FORCED_TILINGS["column_blocks"]):
+        y, (dx, dscale) = harness.vjp_under_jit(
+            lambda x, scale: liger_jax.rms_norm(x, scale, offset=1.0, **kwargs), (x, scale), dy
+        )
+        (y_sum, _), (dx_sum, _, dscale_sum) = harness.vjp_under_jit(
+            lambda x, residual, scale: liger_jax.fused_add_rms_norm(x, residual, scale, offset=1.0, **kwargs),
+            (x, residual, scale),
+            (dy, jnp.zeros_like(dy)),
+        )
+        y_ln, (dx_ln, dscale_ln, dbias_ln) = harness.vjp_under_jit(
+            lambda x, scale, bias: liger_jax.layer_norm(x, scale, bias, **kwargs), (x, scale, bias), dy
+        )
+    summed = np.asarray(x, np.float64) + np.asarray(residual, np.float64)
+    expected = [
+        *rms_norm_closed_form(x, scale, dy, EPSILON, 1.0),
+        *rms_norm_closed_form(summed, scale, dy, EPSILON, 1.0),
+        *layer_norm_closed_form(x, scale, bias, dy, EPSILON),
+    ]
+    actual = [y, dx, dscale, y_sum, dx_sum, dscale_sum, y_ln, dx_ln, dscale_ln, dbias_ln]
+    for value, closed in zip(actual, expected, strict=True):
+        _assert_close(value, closed)

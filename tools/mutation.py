@@ -67,13 +67,15 @@ TARGETS: dict[str, Target] = {
     "liger_jax/kernels/rms_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla")),
     "liger_jax/kernels/layer_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla")),
     "liger_jax/ops/rms_norm.py": Target(
-        ("_rms_norm_fwd", "_rms_norm_bwd"), (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla")
+        ("_rms_norm_fwd", "_rms_norm_bwd", "_backward_launcher"),
+        (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla"),
     ),
     "liger_jax/ops/layer_norm.py": Target(
-        ("_layer_norm_fwd", "_layer_norm_bwd"), (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla")
+        ("_layer_norm_fwd", "_layer_norm_bwd", "_backward"),
+        (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla"),
     ),
     "liger_jax/ops/fused_add_rms_norm.py": Target(
-        ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd"),
+        ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd", "_backward"),
         (*_ROW_NORM_TESTS, "tests/test_fused_add_rms_norm.py", "-k", "not xla"),
     ),
 }
@@ -146,6 +148,46 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ("liger_jax/kernels/glu.py", "GELU_TANH = tl.constexpr(1)", "1", "(2)"): "any code other than SILU's names GeGLU",
     ("liger_jax/ops/glu.py", "input_output_aliases={0: 0},", "0", "(1)"): (
         "dgate over gate's buffer or dup over dout's works as well: each element is read before it is written"
+    ),
+    (
+        "liger_jax/kernels/rms_norm.py",
+        "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+        "0.0",
+        "(1.0)",
+    ): _MASKED_FILL,
+    (
+        "liger_jax/kernels/rms_norm.py",
+        "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+        "cols < n_cols",
+        "(cols <= n_cols)",
+    ): "reads one element past the scale (the interpreter does not fault) for a column masked wherever it is used",
+    **{
+        (
+            "liger_jax/kernels/rms_norm.py",
+            f"for {name} in range((n_cols + BLOCK_D - 1) // BLOCK_D):",
+            "n_cols + BLOCK_D - 1",
+            replacement,
+        ): ("an extra column block lies wholly past n_cols, masked off")
+        for name in ("block",)
+        for replacement in ("(n_cols + BLOCK_D + 1)", "(n_cols + BLOCK_D)")
+    },
+    **{
+        ("liger_jax/kernels/rms_norm.py", context, "0.0", "(1.0)"): _MASKED_FILL
+        for context in (
+            "dx += tl.load(dsum_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+            "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)",
+            "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)",
+            "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+        )
+    },
+    (
+        "liger_jax/kernels/rms_norm.py",
+        "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+        "rows < n_rows",
+        "(rows <= n_rows)",
+    ): ("reads one rstd past the rows (the interpreter does not fault) for a row masked wherever it is used"),
+    ("liger_jax/kernels/rms_norm.py", "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): (
+        "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
     ),
     (
         "liger_jax/ops/rope.py",
