@@ -83,8 +83,8 @@ def _targets(index: _Index, e2e: list[dict[str, Any]]) -> str:
     for target in targets.TARGETS:
         measured, met = target.measure(index.get)
         body.append([f"#{target.issue}", target.goal, measured, mark[met]])
-    for goal, measured, met in targets.e2e_verdicts(e2e):
-        body.append(["#6", f"end-to-end: {goal}", measured, mark[met]])
+    for issue, goal, measured, met in targets.e2e_verdicts(e2e):
+        body.append([f"#{issue}", f"end-to-end: {goal}", measured, mark[met]])
     return "## Targets\n\n" + _table(["issue", "goal", "measured", "verdict"], body) + "\n"
 
 
@@ -209,8 +209,14 @@ def _sweep_cell(row: dict[str, Any], index: _Index) -> str:
 
 
 def _e2e(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return ""
+    """One table per model (``config``) of the e2e rows."""
+    configs = dict.fromkeys(row.get("config", "?") for row in rows)
+    return "".join(_e2e_table(config, [row for row in rows if row.get("config", "?") == config]) for config in configs)
+
+
+def _e2e_table(config: str, rows: list[dict[str, Any]]) -> str:
+    from benchmarks import tunix_models
+
     body = []
     for row in rows:
         cells = [row["provider"], "yes" if row.get("remat") else "no", row["phase"], str(row.get("batch", "–"))]
@@ -221,7 +227,8 @@ def _e2e(rows: list[dict[str, Any]]) -> str:
     first = rows[0]
     precision = {"bf16": "bf16 params and compute", "mixed": "fp32 params, bf16 compute"}.get(first.get("precision"))
     attention = sorted({r["attention"] for r in rows if r.get("attention")})
-    text = f"## End to end: Llama `{first.get('config', '?')}`, {precision}, {'/'.join(attention)} attention\n\n"
+    model = f"Tunix `{config}`" if tunix_models.is_tunix(config) else f"Llama `{config}`"
+    text = f"## End to end: {model}, {precision}, {'/'.join(attention)} attention\n\n"
     text += "One AdamW step with donated state; tokens/s over the timed steps; peak from the trial's fresh process.\n\n"
     head = ["provider", "remat", "phase", "batch", "seq", "tokens/s", "step ms", "peak MiB", "temp MiB", "search"]
     head += ["status"]

@@ -22,7 +22,12 @@ from typing import Any
 from benchmarks import rows as results
 from benchmarks.case import MODES, Op, shape_string
 
-SWEEPS = ("target", "tokens", "hidden", "vocab")
+
+def sweep_names(ops: dict[str, Op]) -> tuple[str, ...]:
+    """``"target"`` and every sweep some op of ``ops`` has, by name."""
+    return ("target", *sorted({name for op in ops.values() for name in op.sweeps}))
+
+
 DEFAULT_OUT = pathlib.Path("benchmarks/out")
 DEVICE_LOST = 3  # exit code: the device no longer runs anything; rerun with --resume
 
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     runner = _Runner(args)
     ops = [OPS[name] for name in (OPS if "all" in args.op else args.op)]
-    cases = plan(ops, SWEEPS if "all" in args.sweep else args.sweep, args.smoke)
+    cases = plan(ops, sweep_names(OPS) if "all" in args.sweep else args.sweep, args.smoke)
     # Liger (torch) runs every case first: JAX's allocator never hands memory back, so once the largest XLA
     # baselines have grown it, torch's largest losses would find too little left.
     torch_first = [[p for p in args.provider if p == LIGER_TORCH], [p for p in args.provider if p != LIGER_TORCH]]
@@ -192,7 +197,7 @@ def parser() -> argparse.ArgumentParser:
     from benchmarks.cases import OPS
 
     cli.add_argument("--op", nargs="+", default=["all"], choices=(*OPS, "all"), help="liger_jax op names")
-    cli.add_argument("--sweep", nargs="+", default=["target"], choices=(*SWEEPS, "all"))
+    cli.add_argument("--sweep", nargs="+", default=["target"], choices=(*sweep_names(OPS), "all"))
     cli.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
     cli.add_argument("--sweep-mode", nargs="+", choices=MODES, help="modes at sweep points (default: --mode)")
     cli.add_argument("--provider", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)

@@ -183,7 +183,7 @@ TARGETS = (
 
 
 def e2e_verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
-    """Issue 6's end-to-end goals from the e2e rows, per remat setting: ``(goal, measured, met?)``; the memory
+    """Issue 6's end-to-end goals from the e2e rows, per remat setting: ``(issue, goal, measured, met?)``; the memory
     goal once for each batch both providers ran with a peak measured (a CPU run has none). Tunix models' rows are
     judged after, by their own goals (issue 18, :func:`benchmarks.tunix_models.e2e_verdicts`)."""
     from benchmarks import tunix_models
@@ -201,15 +201,15 @@ def e2e_verdicts(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool | None
         goal = f"peak memory ≥ 2x lower with liger at the same batch{suffix}"
         for batch in batches:
             ratio = same[XLA, batch]["peak_bytes"] / same[LIGER_JAX, batch]["peak_bytes"]
-            verdicts.append((goal, f"{ratio:.2f}x lower (batch {batch})", ratio >= 2.0))
+            verdicts.append((6, goal, f"{ratio:.2f}x lower (batch {batch})", ratio >= 2.0))
         if not batches:
-            verdicts.append((goal, "not measured", None))
+            verdicts.append((6, goal, "not measured", None))
         goal = f"tokens/s ≥ 1.2x at each one's largest batch{suffix}"
         largest = {row["provider"]: row for row in ok if row["phase"] == "max_batch"}
         if LIGER_JAX in largest and XLA in largest:
             ratio = largest[LIGER_JAX]["tokens_per_s"] / largest[XLA]["tokens_per_s"]
             text = f"{ratio:.2f}x (batch {largest[LIGER_JAX]['batch']} vs {largest[XLA]['batch']})"
-            verdicts.append((goal, text, ratio >= 1.2))
+            verdicts.append((6, goal, text, ratio >= 1.2))
         else:
-            verdicts.append((goal, "not measured", None))
+            verdicts.append((6, goal, "not measured", None))
     return verdicts + tunix_models.e2e_verdicts(tunix)

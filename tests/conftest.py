@@ -20,6 +20,13 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 @pytest.fixture
+def float64_on_host():
+    """Float64 oracles on the host CPU: the GPU image's XLA has no float64 GEMM (cublasLt refuses it)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture
 def full_precision_matmuls():
     """fp32 matmuls at fp32 (not TF32 on GPUs), so that comparisons with an oracle see only the kernels' errors."""
     with jax.default_matmul_precision("highest"):

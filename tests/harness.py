@@ -103,6 +103,21 @@ def assert_vjp_matches_reference(op, reference, primals, cotangent, dtype) -> No
     assert_close_trees(grads, expected_grads, dtype)
 
 
+def assert_vjp_matches_reference_over_sums(op, reference, primals, cotangent, dtype, terms: dict[int, int]) -> None:
+    """:func:`assert_vjp_matches_reference` for ops whose weight gradients sum over many elements: the gradient of
+    primal ``i`` in ``terms`` gets an absolute tolerance of ``atol · √terms[i]``, as an fp32 sum of n unit terms is
+    off by about √n · eps (Triton's interpreter sums in order, like numpy along a non-contiguous axis)."""
+    out, grads = vjp_under_jit(op, primals, cotangent)
+    expected_out, pullback = jax.vjp(reference, *as_float64(*primals))
+    expected_grads = pullback(jax.tree.map(lambda c: jnp.asarray(c, jnp.float64), cotangent))
+    assert [g.dtype for g in grads] == [p.dtype for p in primals], "each gradient must have its primal's dtype"
+    assert_close_trees(out, expected_out, dtype)
+    atol, rtol = TOLERANCES[jnp.dtype(dtype)]
+    for i, (got, want) in enumerate(zip(grads, expected_grads, strict=True)):
+        scaled = atol * np.sqrt(terms.get(i, 1))
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=scaled, rtol=rtol)
+
+
 def assert_checkpoint_gives_the_same_gradients(loss, primals) -> None:
     """Asserts ``jax.checkpoint(loss)`` (kernels re-run in the backward pass) has ``loss``'s gradients, up to
     XLA fusing the surrounding fp32 arithmetic differently."""

@@ -465,14 +465,15 @@ def test_e2e_verdicts_compare_runs_with_the_same_remat_setting():
         row("xla", "max_batch", True, 40, 130.0, 50.0),
     ]
     verdicts = targets.e2e_verdicts(rows)
-    assert [(measured, met) for _, measured, met in verdicts] == [
+    assert [(measured, met) for _, _, measured, met in verdicts] == [
         ("1.37x lower (batch 8)", False),
         ("not measured", None),
         ("2.22x lower (batch 8)", True),
         ("2.75x lower (batch 16)", True),
         ("1.32x (batch 90 vs 40)", True),
     ]
-    assert verdicts[2][0].endswith("(both remat)")
+    assert verdicts[2][1].endswith("(both remat)")
+    assert {issue for issue, *_ in verdicts} == {6}
 
 
 def test_e2e_memory_verdict_waits_for_measured_peaks():
@@ -480,7 +481,7 @@ def test_e2e_memory_verdict_waits_for_measured_peaks():
         {"provider": p, "phase": "same_batch", "remat": False, "batch": 2, "status": "ok", "peak_bytes": None}
         for p in ("liger_jax", "xla")
     ]
-    assert targets.e2e_verdicts(rows)[0][1:] == ("not measured", None)
+    assert targets.e2e_verdicts(rows)[0][2:] == ("not measured", None)
 
 
 def test_e2e_table_says_whether_each_largest_batch_search_converged():
@@ -515,14 +516,17 @@ def test_tunix_rows_are_judged_by_their_own_goals_apart_from_the_llama_rows():
         row("tunix-llama3-1b", "liger_jax", "max_batch", 11, 130.0, 48.0, loss_fn="tunix default: missing"),
     ]
     verdicts = targets.e2e_verdicts(rows)
-    assert [(measured, met) for _, measured, met in verdicts] == [
+    assert [(measured, met) for _, _, measured, met in verdicts] == [
         ("1.37x lower (batch 8)", False),  # the bundled Llama's, not mixed with Tunix's batch 8
         ("not measured", None),
         ("3.00x lower (batch 8)", True),
         ("1.08x (batch 30 vs 12)", False),
         ("1.20x (batch 11 vs 10), but liger ran tunix default: missing", None),
     ]
-    assert [goal.split(":")[0] for goal, _, _ in verdicts[2:]] == ["tunix-gemma3-1b"] * 2 + ["tunix-llama3-1b"]
+    assert [goal.split(":")[0] for _, goal, _, _ in verdicts[2:]] == ["tunix-gemma3-1b"] * 2 + ["tunix-llama3-1b"]
+    assert [issue for issue, *_ in verdicts] == [6, 6, 18, 18, 18]
+    tables = report._e2e(rows)
+    assert "## End to end: Llama `1b`" in tables and "## End to end: Tunix `tunix-gemma3-1b`" in tables
 
 
 def test_tunix_smoke_runs_each_provider_once_for_both_phases(tmp_path):

@@ -89,6 +89,19 @@ def _small_calls():
         "rope": (liger_jax.apply_rotary_pos_emb, (q, k, cos, sin)),
         "cross_entropy": (liger_jax.cross_entropy, (logits, labels)),
         "fused_linear_cross_entropy": (liger_jax.fused_linear_cross_entropy, (x, weight, labels)),
+        "fused_linear_logprobs": (liger_jax.fused_linear_logprobs, (x, weight, labels)),
+        "fused_linear_jsd": (liger_jax.fused_linear_jsd, (x, weight, residual, weight, labels)),
+        "fused_linear_distillation": (liger_jax.fused_linear_distillation, (x, weight, residual, weight, labels)),
+        "softmax": (liger_jax.softmax, (x,)),
+        "sparsemax": (liger_jax.sparsemax, (x,)),
+        "relu_squared": (liger_jax.relu_squared, (x,)),
+        "kl_div": (liger_jax.kl_div, (x, residual)),
+        "jsd": (liger_jax.jsd, (x, residual)),
+        "tvd": (liger_jax.tvd, (x, residual)),
+        "group_norm": (lambda *args, **kw: liger_jax.group_norm(*args, num_groups=4, **kw), (x, scale, bias)),
+        "dyt": (liger_jax.dyt, (x, scale[:1], scale, bias)),
+        "poly_norm": (liger_jax.poly_norm, (x, scale[:3], bias[0])),
+        "modulated_rms_norm": (liger_jax.modulated_rms_norm, (x, scale, residual[:, 0], residual[:, 1])),
     }
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import liger_jax
+from liger_jax.ops import _linear_chunks
 from liger_jax.ops import fused_linear_cross_entropy as flce_op
 from tests import harness
 from tests.test_cross_entropy import _labels, _normal
@@ -123,7 +124,7 @@ def test_all_rows_ignored_gives_zero_loss_and_gradients(implementation, reductio
 def test_default_chunks_split_the_rows_and_match_the_reference(implementation, monkeypatch):
     # Without the floor the dweight accumulator bounds the chunk: 32·300·4 bytes = 32 rows of fp32 logits, so the
     # default splits 50 rows into 32 + 18.
-    monkeypatch.setattr(flce_op, "MIN_CHUNK_LOGITS_BYTES", 0)
+    monkeypatch.setattr(_linear_chunks, "MIN_CHUNK_LOGITS_BYTES", 0)
     n_rows = 50
     assert flce_op.default_chunk_rows(n_rows, H, V, jnp.float32, jnp.float32) == 32
     x, weight, bias, labels = _inputs(32, jnp.float32, "vh", n_rows=n_rows)  # V is the weight's first axis

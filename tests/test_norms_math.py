@@ -157,10 +157,10 @@ def test_each_casting_mode_rounds_as_its_own_oracle(implementation, casting_mode
     assert all(matches[casting_mode] > matches[mode] + 0.1 for mode in CASTING_MODES if mode != casting_mode), matches
 
 
-@pytest.mark.parametrize("n_cols", [192, 200], ids=["whole_blocks", "partial_block"])
+@pytest.mark.parametrize("n_cols", [192, 193, 200], ids=["whole_blocks", "one_column_block", "partial_block"])
 def test_column_blocks_match_the_closed_forms(n_cols):
-    # Rows walked in 64-column blocks (forced): a whole number of blocks, where a loop bound off by one shows, and a
-    # partial last block.
+    # Rows walked in 64-column blocks (forced): a whole number of blocks, where a loop bound one block too long shows;
+    # a last block of one column, where a bound one block too short shows; and a partial last block.
     shape = (5, n_cols)
     x, residual, scale, bias, dy = (
         _normal(20 + i, s) for i, s in enumerate([shape, shape, (n_cols,), (n_cols,), shape])

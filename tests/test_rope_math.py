@@ -111,3 +111,32 @@ def test_finite_differences_in_float64(implementation, interleaved):
 
     tolerance = {"atol": 1e-7, "rtol": 1e-7, "eps": 1e-4} if implementation == "xla" else {"atol": 2e-3, "rtol": 2e-3}
     check_grads(jax.jit(rope), harness.as_float64(q, k), order=1, modes=["rev"], **tolerance)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate_half", "interleaved"])
+def test_partial_rotary_matches_the_closed_form_and_passes_the_rest_through(implementation, interleaved):
+    # Two of the three pairs rotate (a block of 2 pairs), two features pass through (a block of 2): the tables are
+    # rotary_dim wide, arbitrary, per sequence.
+    rotary_dim = 4
+    q, k, _, _ = _operands(BATCH)
+    cos, sin = _normal(9, (BATCH, SEQ, rotary_dim)), _normal(10, (BATCH, SEQ, rotary_dim))
+    dq_out, dk_out = _normal(11, q.shape), _normal(12, k.shape)
+    (q_out, k_out), (dq, dk, dcos, dsin) = harness.vjp_under_jit(
+        lambda q, k, cos, sin: liger_jax.apply_rotary_pos_emb(
+            q, k, cos, sin, interleaved=interleaved, rotary_dim=rotary_dim, implementation=implementation
+        ),
+        (q, k, cos, sin),
+        (dq_out, dk_out),
+    )
+    table_grads = np.zeros((2, BATCH, SEQ, rotary_dim))
+    for x, dout, out, dx in [(q, dq_out, q_out, dq), (k, dk_out, k_out, dk)]:
+        x, dout = np.asarray(x, np.float64), np.asarray(dout, np.float64)
+        rotated, dx_rotated, dcos_x, dsin_x = closed_form(
+            x[..., :rotary_dim], cos, sin, dout[..., :rotary_dim], interleaved
+        )
+        _assert_close(out, np.concatenate([rotated, x[..., rotary_dim:]], axis=-1))
+        _assert_close(dx, np.concatenate([dx_rotated, dout[..., rotary_dim:]], axis=-1))
+        table_grads += (dcos_x, dsin_x)
+    _assert_close(dcos, table_grads[0])
+    _assert_close(dsin, table_grads[1])

@@ -46,8 +46,16 @@ class Target:
     tests: tuple[str, ...]
 
 
-_CROSS_ENTROPY_TESTS = ("tests/test_cross_entropy_math.py", "tests/test_cross_entropy.py", "-k", "not xla")
+_CROSS_ENTROPY_TESTS = (
+    "tests/test_cross_entropy_math.py",
+    "tests/test_cross_entropy_options.py",
+    "tests/test_cross_entropy.py",
+    "-k",
+    "not xla",
+)
 _ROW_NORM_TESTS = ("tests/test_norms_math.py",)
+_ROPE_TESTS = ("tests/test_rope_math.py", "tests/test_rope_family.py", "tests/test_rope.py", "-k", "not xla")
+_NOT_XLA = ("-k", "not xla")
 # In the order they run: files nobody else is rewriting first, the norm kernels last.
 TARGETS: dict[str, Target] = {
     "liger_jax/kernels/cross_entropy.py": Target(None, _CROSS_ENTROPY_TESTS),
@@ -60,10 +68,8 @@ TARGETS: dict[str, Target] = {
     "liger_jax/ops/glu.py": Target(
         ("_glu_fwd", "_glu_bwd", "_backward_launcher"), ("tests/test_glu_math.py", "tests/test_glu.py", "-k", "not xla")
     ),
-    "liger_jax/kernels/rope.py": Target(None, ("tests/test_rope_math.py", "tests/test_rope.py", "-k", "not xla")),
-    "liger_jax/ops/rope.py": Target(
-        ("_rope_fwd", "_rope_bwd"), ("tests/test_rope_math.py", "tests/test_rope.py", "-k", "not xla")
-    ),
+    "liger_jax/kernels/rope.py": Target(None, _ROPE_TESTS),
+    "liger_jax/ops/rope.py": Target(("_rope_fwd", "_rope_bwd"), _ROPE_TESTS),
     "liger_jax/kernels/rms_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla")),
     "liger_jax/kernels/layer_norm.py": Target(None, (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla")),
     "liger_jax/ops/rms_norm.py": Target(
@@ -78,6 +84,17 @@ TARGETS: dict[str, Target] = {
         ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd", "_backward"),
         (*_ROW_NORM_TESTS, "tests/test_fused_add_rms_norm.py", "-k", "not xla"),
     ),
+    "liger_jax/kernels/divergence.py": Target(None, ("tests/test_divergences_math.py", "tests/test_divergences.py")),
+    "liger_jax/kernels/logprobs.py": Target(None, ("tests/test_fused_linear_logprobs.py", *_NOT_XLA)),
+    "liger_jax/kernels/softmax.py": Target(None, ("tests/test_softmax.py", "tests/test_activations.py", *_NOT_XLA)),
+    "liger_jax/kernels/sparsemax.py": Target(None, ("tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA)),
+    "liger_jax/kernels/relu_squared.py": Target(None, ("tests/test_relu_squared.py", *_NOT_XLA)),
+    "liger_jax/kernels/group_norm.py": Target(None, ("tests/test_group_norm.py", *_NOT_XLA)),
+    "liger_jax/kernels/dyt.py": Target(None, ("tests/test_norm_family.py", "-k", "dyt and not xla")),
+    "liger_jax/kernels/poly_norm.py": Target(None, ("tests/test_norm_family.py", "-k", "poly and not xla")),
+    "liger_jax/kernels/modulated_rms_norm.py": Target(
+        None, ("tests/test_norm_family.py", "-k", "modulated and not xla")
+    ),
 }
 
 
@@ -89,6 +106,18 @@ _FLCE_ONLY = (
 )
 _CE = "liger_jax/kernels/cross_entropy.py"
 _CE_ROWS = "liger_jax/ops/_cross_entropy_rows.py"
+_RMS_NORM = "liger_jax/kernels/rms_norm.py"
+_LAYER_NORM = "liger_jax/kernels/layer_norm.py"
+_ONE_PAST_LOAD = (
+    "a load's mask one element wider reads one element past the operand (the interpreter does not fault), for a "
+    "column or row masked wherever it is used"
+)
+_LAYER_NORM_ROW_SUMS = (
+    "block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))"
+)
+# Also the context of LayerNorm's first forward pass, whose extra block is no such thing (its count of columns
+# goes to zero or below): the tests kill those mutants, and a survivor there would be a hole, not an equivalent.
+_EXTRA_BLOCK = "an extra column block of a first pass lies wholly past n_cols, masked off: it adds zeros"
 _VMAP_OF_THREE_OPERANDS = "return vmap_over_rows(sharded, row_argnums=(0, 1, 2), reduces_rows=False)"
 # Survivors that compute what the original computes: (file, source line, original, replacement) -> why.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
@@ -146,49 +175,79 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for value, operand in [("g", "gate"), ("u", "up"), ("dout", "dout")]
     },
     ("liger_jax/kernels/glu.py", "GELU_TANH = tl.constexpr(1)", "1", "(2)"): "any code other than SILU's names GeGLU",
+    ("liger_jax/ops/fused_add_rms_norm.py", "aliases=((1, 0),),", "1", "(2)"): (
+        "dx over s's buffer works as well as over ds's: the kernel reads each element of both before writing it"
+    ),
     ("liger_jax/ops/glu.py", "input_output_aliases={0: 0},", "0", "(1)"): (
         "dgate over gate's buffer or dup over dout's works as well: each element is read before it is written"
     ),
-    (
-        "liger_jax/kernels/rms_norm.py",
-        "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
-        "0.0",
-        "(1.0)",
-    ): _MASKED_FILL,
-    (
-        "liger_jax/kernels/rms_norm.py",
-        "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
-        "cols < n_cols",
-        "(cols <= n_cols)",
-    ): "reads one element past the scale (the interpreter does not fault) for a column masked wherever it is used",
     **{
-        (
-            "liger_jax/kernels/rms_norm.py",
-            f"for {name} in range((n_cols + BLOCK_D - 1) // BLOCK_D):",
-            "n_cols + BLOCK_D - 1",
-            replacement,
-        ): ("an extra column block lies wholly past n_cols, masked off")
-        for name in ("block",)
+        (path, context, "0.0", "(1.0)"): _MASKED_FILL
+        for path, contexts in [
+            (
+                _RMS_NORM,
+                [
+                    "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+                    "dx += tl.load(dsum_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+                    "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)",
+                    "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)",
+                    "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+                ],
+            ),
+            (
+                _LAYER_NORM,
+                [
+                    "scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)",
+                    "bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)",
+                    "scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+                    "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)",
+                    "mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)",
+                    "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+                    "return tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)",
+                    "normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)",
+                    _LAYER_NORM_ROW_SUMS,
+                    # In the first pass of the backward only: the second sums dy over the rows into dbias.
+                    "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)",
+                ],
+            ),
+        ]
+        for context in contexts
+    },
+    # Only the second pass's load of x in the forward: the first pass and a row in one tile sum the masked lanes.
+    (_LAYER_NORM, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): _MASKED_FILL,
+    **{
+        (path, context, bound, f"({bound.replace('<', '<=')})"): _ONE_PAST_LOAD
+        for path, context, bound in [
+            (
+                _RMS_NORM,
+                "return offset + tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+                "cols < n_cols",
+            ),
+            (_RMS_NORM, "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)", "rows < n_rows"),
+            (_LAYER_NORM, "col_mask = cols < n_cols", "cols < n_cols"),
+            (
+                _LAYER_NORM,
+                "scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)",
+                "cols < n_cols",
+            ),
+            (_LAYER_NORM, "mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)", "rows < n_rows"),
+            (_LAYER_NORM, "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)", "rows < n_rows"),
+            (_LAYER_NORM, _LAYER_NORM_ROW_SUMS, "cols < n_cols"),
+        ]
+    },
+    **{
+        (path, "for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):", "n_cols + BLOCK_D - 1", replacement): (
+            _EXTRA_BLOCK
+        )
+        for path in (_RMS_NORM, _LAYER_NORM)
         for replacement in ("(n_cols + BLOCK_D + 1)", "(n_cols + BLOCK_D)")
     },
     **{
-        ("liger_jax/kernels/rms_norm.py", context, "0.0", "(1.0)"): _MASKED_FILL
-        for context in (
-            "dx += tl.load(dsum_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
-            "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)",
-            "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)",
-            "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+        (path, "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): (
+            "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
         )
+        for path in (_RMS_NORM, _LAYER_NORM)
     },
-    (
-        "liger_jax/kernels/rms_norm.py",
-        "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
-        "rows < n_rows",
-        "(rows <= n_rows)",
-    ): ("reads one rstd past the rows (the interpreter does not fault) for a row masked wherever it is used"),
-    ("liger_jax/kernels/rms_norm.py", "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): (
-        "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
-    ),
     (
         "liger_jax/ops/rope.py",
         "dq, dk = _launcher(interleaved, True, implementation, alias_cotangents=True)(dq_rot, dk_rot, cos, sin)",

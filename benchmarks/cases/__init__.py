@@ -6,7 +6,18 @@ import collections
 from collections.abc import Sequence
 
 from benchmarks.case import Case, Op, Params
-from benchmarks.cases import glu, losses, norms, rope
+from benchmarks.cases import (
+    activations,
+    distillation,
+    divergences,
+    glu,
+    losses,
+    norm_family,
+    norms,
+    preference,
+    rope,
+    tiled_mlp,
+)
 
 # Suite order: when the time budget runs out, the ops late in this list lose sweep points first.
 SUITE_ORDER = (
@@ -19,8 +30,42 @@ SUITE_ORDER = (
     "fused_add_rms_norm",
     "geglu",
     "gated_linear_unit",
+    "group_norm",
+    "dyt",
+    "poly_norm",
+    "modulated_rms_norm",
+    "fused_linear_dpo",
+    "fused_linear_grpo",
+    "softmax",
+    "sparsemax",
+    "relu_squared",
+    "kl_div",
+    "jsd",
+    "tvd",
+    "fused_linear_logprobs",
+    "fused_linear_jsd",
+    "fused_linear_distillation",
+    "qwen2vl_mrope",
+    "llama4_rope",
+    "tiled_mlp",
+    "cross_entropy_options",
+    "fused_linear_cross_entropy_options",
 )
-_ALL = {op.name: op for op in (*norms.OPS, *rope.OPS, *glu.OPS, *losses.OPS)}
+_ALL = {
+    op.name: op
+    for op in (
+        *norms.OPS,
+        *rope.OPS,
+        *glu.OPS,
+        *losses.OPS,
+        *norm_family.OPS,
+        *preference.OPS,
+        *activations.OPS,
+        *divergences.OPS,
+        *distillation.OPS,
+        *tiled_mlp.OPS,
+    )
+}
 OPS: dict[str, Op] = {name: _ALL[name] for name in SUITE_ORDER}
 
 

@@ -8,9 +8,20 @@ too), mean over rows. For FLCE, ``liger_jax_xla`` is liger_jax's own chunked pur
 
 from __future__ import annotations
 
+import dataclasses
+
 from benchmarks import draws, tokamax_provider
 from benchmarks.case import Case, Op, TorchProgram, itemsize
-from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, TOKAMAX, XLA, kernel_provider, xla_provider
+from benchmarks.providers import (
+    LIGER_JAX,
+    LIGER_JAX_XLA,
+    TOKAMAX,
+    XLA,
+    KernelOp,
+    kernel_provider,
+    liger_op,
+    xla_provider,
+)
 
 HIDDEN = 4096  # Llama-3-8B
 VOCAB = 128256
@@ -68,6 +79,107 @@ def cross_entropy_case(params, dtype: str) -> Case:
     )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _WeightedWithAccuracy(KernelOp):
+    """``liger_jax.<name>(*args, labels, ce_weight=w, return_token_accuracy=True)``'s loss (the accuracy is computed
+    in the loss pass and dropped), called as ``fn(*args, labels, w)``."""
+
+    def with_implementation(self, implementation):
+        op = liger_op(self.name)
+
+        def call(*args):
+            *operands, ce_weight = args
+            options = {"ce_weight": ce_weight, "return_token_accuracy": True, **self.options}
+            return op(*operands, implementation=implementation, **options)[0]
+
+        return call
+
+
+def cross_entropy_options_case(params, dtype: str) -> Case:
+    """:func:`cross_entropy_case` with Liger's options on: class weights and the token accuracy (mean).
+
+    The same bytes as the plain loss plus the ``[V]`` weights: each option must cost no extra pass over the logits.
+    """
+    plain = cross_entropy_case(params, dtype)
+    rows, vocab = params["tokens"], params["vocab"]
+
+    def make_inputs(key):
+        kx, kw = draws.keys(key, 2)
+        return (*plain.make_inputs(kx), draws.normal(kw, (vocab,), "float32", 0.25, 1.0))
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_cross_entropy
+
+        def loss(logits, labels, weight):
+            return liger_cross_entropy(logits, labels, weight, return_token_accuracy=True).loss
+
+        return TorchProgram(
+            loss,
+            lambda: (
+                draws.torch_normal((rows, vocab), dtype, 2.0),
+                draws.torch_labels(rows, vocab),
+                draws.torch_normal((vocab,), "float32", 0.25, 1.0, grad=False),
+            ),
+            (0,),
+        )
+
+    weights = 4 * vocab
+    name = "cross_entropy"
+    return dataclasses.replace(
+        plain,
+        op="cross_entropy_options",
+        make_inputs=make_inputs,
+        providers={
+            LIGER_JAX: _WeightedWithAccuracy(name, {}),
+            LIGER_JAX_XLA: _WeightedWithAccuracy(name, {}).with_implementation("xla"),
+        },
+        bytes_moved={mode: moved + weights for mode, moved in plain.bytes_moved.items()},
+        torch_program=torch_program,
+    )
+
+
+def fused_linear_cross_entropy_options_case(params, dtype: str) -> Case:
+    """:func:`fused_linear_cross_entropy_case` with class weights and the token accuracy (mean)."""
+    plain = fused_linear_cross_entropy_case(params, dtype)
+    hidden, vocab = params["hidden"], params["vocab"]
+    rows = params["tokens"]
+
+    def make_inputs(key):
+        kx, kw = draws.keys(key, 2)
+        return (*plain.make_inputs(kx), draws.normal(kw, (vocab,), "float32", 0.25, 1.0))
+
+    def torch_program():
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def loss(x, weight, labels, ce_weight):
+            return liger_fused_linear_cross_entropy(
+                x, weight, labels, ce_weight=ce_weight, return_token_accuracy=True
+            ).loss
+
+        return TorchProgram(
+            loss,
+            lambda: (
+                draws.torch_normal((rows, hidden), dtype),
+                draws.torch_normal((vocab, hidden), dtype, hidden**-0.5),
+                draws.torch_labels(rows, vocab),
+                draws.torch_normal((vocab,), "float32", 0.25, 1.0, grad=False),
+            ),
+            (0, 1),
+        )
+
+    name = "fused_linear_cross_entropy"
+    return dataclasses.replace(
+        plain,
+        op="fused_linear_cross_entropy_options",
+        make_inputs=make_inputs,
+        providers={
+            LIGER_JAX: _WeightedWithAccuracy(name, {"weight_layout": "hv"}),
+            LIGER_JAX_XLA: _WeightedWithAccuracy(name, {"weight_layout": "hv"}).with_implementation("xla"),
+        },
+        torch_program=torch_program,
+    )
+
+
 def fused_linear_cross_entropy_case(params, dtype: str) -> Case:
     """``fused_linear_cross_entropy(x, weight, labels)`` with weight (H, V), mean; gradients for x and weight.
 
@@ -118,6 +230,8 @@ def fused_linear_cross_entropy_case(params, dtype: str) -> Case:
     )
 
 
+# Option variants (issue #22): the targets only, against the plain ops' rows.
+OPTION_SMOKE = [({"tokens": 37, "vocab": 300}, "float32")]
 OPS = [
     Op(
         "cross_entropy",
@@ -153,5 +267,19 @@ OPS = [
             ({"tokens": 37, "hidden": 32, "vocab": 300}, "float32"),
             ({"tokens": 64, "hidden": 64, "vocab": 512}, "bfloat16"),
         ],
+    ),
+    Op(
+        "cross_entropy_options",
+        cross_entropy_options_case,
+        [({"tokens": TOKENS, "vocab": VOCAB}, "bfloat16")],
+        {},
+        OPTION_SMOKE,
+    ),
+    Op(
+        "fused_linear_cross_entropy_options",
+        fused_linear_cross_entropy_options_case,
+        [({"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB}, "bfloat16")],
+        {},
+        [({"tokens": 37, "hidden": 32, "vocab": 300}, "float32")],
     ),
 ]

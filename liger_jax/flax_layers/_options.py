@@ -40,7 +40,17 @@ def check_normalization(module: str, layer, ndim: int, mask) -> None:
         raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")
 
 
-LOSS_OPTION_NAMES = ("ignore_index", "label_smoothing", "z_loss_scale", "softcap", "reduction", "return_z_loss")
+LOSS_OPTION_NAMES = (
+    "ignore_index",
+    "label_smoothing",
+    "z_loss_scale",
+    "softcap",
+    "reduction",
+    "return_z_loss",
+    "use_token_scaling",
+    "return_token_accuracy",
+    "return_predicted_tokens",
+)
 
 
 def loss_options(module) -> dict:

@@ -34,6 +34,7 @@ from liger_jax.flax_layers import nnx as liger_nnx
 KINDS: tuple[str, ...] = (
     "rms_norm",
     "layer_norm",
+    "group_norm",
     "swiglu",
     "geglu",
     "rope",
@@ -121,6 +122,7 @@ def apply_liger(
     *,
     rms_norm: bool = True,
     layer_norm: bool = True,
+    group_norm: bool = True,
     swiglu: bool = True,
     geglu: bool = True,
     rope: bool = True,
@@ -130,22 +132,22 @@ def apply_liger(
 ) -> dict[str, int]:
     """Replaces, in place, every registered submodule of an NNX ``model`` with its liger-backed twin.
 
-    Built in: ``nnx.RMSNorm`` → :class:`liger_jax.flax_layers.nnx.RMSNorm` and ``nnx.LayerNorm`` →
-    :class:`liger_jax.flax_layers.nnx.LayerNorm`; :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU),
-    RoPE and LM head (fused linear cross-entropy); Tunix's Llama3, Qwen2, Qwen3, Gemma, Gemma3 and Gemma4 models
-    get their RMSNorms, gated MLPs and RoPE swapped (:mod:`liger_jax.integrations.tunix`, imported on first sight
-    of a Tunix class); :func:`register_swap` adds your own classes. Each replacement
-    holds the module's own ``nnx.Param`` objects (nothing is copied), so ``nnx.state(model)`` has the same tree
-    and leaves before and after, and outputs agree with the flax model within the kernels' tolerance. A module
-    shared by several parents is replaced once, everywhere. Modules whose options the kernels do not compute
-    (e.g. normalising over several axes) are left as they are, with a warning.
+    Built in: ``nnx.RMSNorm`` → :class:`liger_jax.flax_layers.nnx.RMSNorm`, ``nnx.LayerNorm`` →
+    :class:`liger_jax.flax_layers.nnx.LayerNorm` and ``nnx.GroupNorm`` → :class:`liger_jax.flax_layers.nnx.GroupNorm`;
+    :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU), RoPE and LM head (fused linear cross-entropy);
+    Tunix's Llama3, Qwen2, Qwen3, Gemma, Gemma3 and Gemma4 models get their RMSNorms, gated MLPs and RoPE swapped
+    (:mod:`liger_jax.integrations.tunix`, imported on first sight of a Tunix class); :func:`register_swap` adds
+    your own classes. Each replacement holds the module's own ``nnx.Param`` objects (nothing is copied), so
+    ``nnx.state(model)`` has the same tree and leaves before and after, and outputs agree with the flax model within
+    the kernels' tolerance. A module shared by several parents is replaced once, everywhere. Modules whose options
+    the kernels do not compute (e.g. normalising over several axes) are left as they are, with a warning.
 
     Swap before ``nnx.split``/``jax.jit`` tracing: a function traced earlier keeps the flax modules.
 
     Args:
         model: the NNX module whose submodules are swapped (the root itself is not).
-        rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to swap
-            (``custom`` is every registration without one of the other kinds).
+        rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to
+            swap (``custom`` is every registration without one of the other kinds).
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Returns:
@@ -159,7 +161,7 @@ def apply_liger(
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
     enabled = _enabled_kinds(
-        implementation, rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+        implementation, rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
     )
     swap = _registered(_NNX_SWAPS, type(model))
     if swap is not None and swap.kind in enabled:
@@ -248,7 +250,8 @@ def _rebuild_nnx(liger_cls: type, module: nnx.Module, **extra: Any) -> nnx.Modul
 
     For drop-in twins whose constructor takes the flax class's arguments: the arguments ``type(module).__init__``
     takes and ``module`` stores as attributes of the same name are passed on (and ``rngs`` when it takes one),
-    plus ``extra``; the twin is built
+    plus ``extra``, which takes the place of stored values (a constructor argument the module does not store, or
+    stores otherwise); the twin is built
     abstractly (``nnx.eval_shape``, nothing allocated), then each ``nnx.Variable`` attribute of ``module`` is set
     on it.
 
@@ -262,11 +265,14 @@ def _rebuild_nnx(liger_cls: type, module: nnx.Module, **extra: Any) -> nnx.Modul
     """
     stored = vars(module)
     parameters = inspect.signature(type(module).__init__).parameters
-    positional, keywords = [], {}
-    for name, parameter in parameters.items():
-        if name in stored and parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+    positional, keywords, by_keyword = [], {}, False
+    for name, parameter in list(parameters.items())[1:]:  # after self
+        if name in extra or name not in stored:
+            # The arguments after one that is not passed positionally go by name.
+            by_keyword = True
+        elif parameter.kind is inspect.Parameter.KEYWORD_ONLY or by_keyword:
             keywords[name] = stored[name]
-        elif name in stored:
+        else:
             positional.append(stored[name])
     # The abstract twin's own Params are initialised from throwaway rngs, then replaced.
     rngs = (lambda: {"rngs": nnx.Rngs(0)}) if "rngs" in parameters else dict
@@ -282,6 +288,7 @@ def liger_intercept(
     *,
     rms_norm: bool = True,
     layer_norm: bool = True,
+    group_norm: bool = True,
     swiglu: bool = True,
     geglu: bool = True,
     rope: bool = True,
@@ -291,16 +298,18 @@ def liger_intercept(
 ) -> Iterator[dict[str, int]]:
     """Routes linen modules to the liger_jax kernels while the context is open (``flax.linen.intercept_methods``).
 
-    Calls of ``nn.RMSNorm`` / ``nn.LayerNorm`` (and classes registered with :func:`register_swap`) run their
-    liger twin bound to the module's own scope: the same param names and tree, during ``init`` and ``apply``. The
-    model's code and params are untouched; leave the context and the flax modules run again.
+    Calls of ``nn.RMSNorm`` / ``nn.LayerNorm`` / ``nn.GroupNorm`` (and classes registered with
+    :func:`register_swap`) run their liger twin bound to the module's own scope: the same param names and tree,
+    during ``init`` and ``apply``. The model's code and params are untouched; leave the context and the flax modules
+    run again.
 
     Interception happens when the model is traced. ``jax.jit`` must therefore trace *inside* the context, and a
     jitted function first traced inside keeps the kernels in its compiled cache even when later called outside
     (and vice versa): jit a fresh function per mode.
 
     Args:
-        rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to route.
+        rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to
+            route.
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Yields:
@@ -308,7 +317,7 @@ def liger_intercept(
         counts once per trace).
     """
     enabled = _enabled_kinds(
-        implementation, rms_norm, layer_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+        implementation, rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
     )
     counts = dict.fromkeys(KINDS, 0)
 
@@ -336,6 +345,17 @@ def _last_axis_only(module: Any) -> bool:
     )
 
 
+def _default_group_axes(module: Any) -> bool:
+    """Whether a flax GroupNorm's options are ones the kernels compute: flax's default reduction axes (every axis
+    but the first), no cross-device groups."""
+    return (
+        module.reduction_axes is None
+        and module.axis_name is None
+        and module.axis_index_groups is None
+        and getattr(module, "force_float32_reductions", True)
+    )
+
+
 def _nnx_twin(liger_cls: type) -> MakeReplacement:
     def make(module, implementation):
         return _rebuild_nnx(liger_cls, module, implementation=implementation) if _last_axis_only(module) else None
@@ -343,9 +363,23 @@ def _nnx_twin(liger_cls: type) -> MakeReplacement:
     return make
 
 
-def _linen_twin(liger_cls: type) -> MakeReplacement:
+def _nnx_group_norm_twin(module: nnx.GroupNorm, implementation: runtime.Implementation | None) -> nnx.Module | None:
+    """The liger twin of an ``nnx.GroupNorm``, which stores its group count and size but not ``num_features``."""
+    if not _default_group_axes(module):
+        return None
+    return _rebuild_nnx(
+        liger_nnx.GroupNorm,
+        module,
+        num_features=module.num_groups * module.group_size,
+        num_groups=module.num_groups,
+        group_size=None,
+        implementation=implementation,
+    )
+
+
+def _linen_twin(liger_cls: type, supported: Callable[[Any], bool] = _last_axis_only) -> MakeReplacement:
     def make(module, implementation):
-        if not _last_axis_only(module):
+        if not supported(module):
             return None
         fields = {f.name: getattr(module, f.name) for f in dataclasses.fields(module) if f.init}
         del fields["parent"], fields["name"]
@@ -358,3 +392,5 @@ register_swap(nnx.RMSNorm, _nnx_twin(liger_nnx.RMSNorm), kind="rms_norm")
 register_swap(nn.RMSNorm, _linen_twin(liger_linen.RMSNorm), kind="rms_norm")
 register_swap(nnx.LayerNorm, _nnx_twin(liger_nnx.LayerNorm), kind="layer_norm")
 register_swap(nn.LayerNorm, _linen_twin(liger_linen.LayerNorm), kind="layer_norm")
+register_swap(nnx.GroupNorm, _nnx_group_norm_twin, kind="group_norm")
+register_swap(nn.GroupNorm, _linen_twin(liger_linen.GroupNorm, _default_group_axes), kind="group_norm")

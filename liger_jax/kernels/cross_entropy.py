@@ -10,6 +10,15 @@ and its gradient is dloss/dz_j = (p_j · (1 + 2 · z_loss_scale · lse) - α / V
 p = softmax(c) and dc/dz = 1 - tanh². All of it is fp32, whatever the logits dtype; the gradient is rounded to the
 logits dtype only when it is stored, so the target term is subtracted before any rounding.
 
+With class weights w (HAS_WEIGHT, Liger's ``ce_weight``) and W = Σ_j w_j the cross-entropy part becomes
+
+    loss = (1 - α) · w_y · (lse - c_y) + (α / V) · Σ_j w_j · (lse - c_j) + z_loss_scale · lse²
+
+with gradient s · ((1 - α) · w_y · (p_j - [j = y]) + (α / V) · (W · p_j - w_j)) + s_z · 2 · z_loss_scale · lse · p_j,
+where s and s_z scale the cross-entropy and z-loss parts (they differ for a weighted mean). TOKEN_SCALING multiplies
+a row's loss, z-loss and gradient by p_y (a constant, not differentiated). RETURN_ARGMAX stores each row's argmax of
+c (the first on ties; -1 for ignored rows). All switches are constexprs: off, they compile away.
+
 Rows whose label is ``ignore_index`` get loss 0, z-loss 0 and a zero gradient; their logits are never loaded. A label
 outside [0, V) gives a NaN loss and a zero gradient; the target logit is loaded under an in-range mask, so no label
 can make a kernel read out of bounds.
@@ -62,46 +71,100 @@ def _capped_tile(
 @triton.jit
 def _statistics(
     logits_ptr,
+    class_weight_ptr,
     rows,
     labels,
     active,
     n_cols,
     label_smoothing: tl.constexpr,
     softcap: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    RETURN_ARGMAX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """One pass over the rows: per row (lse, c_label, Σ_j c_j), fp32, after softcap (Σ_j c_j only with smoothing)."""
+    """One pass over the rows: per row (lse, c_label, Σ_j w_j c_j, Σ_j w_j, argmax), fp32, after softcap (w = 1
+    without HAS_WEIGHT; the sums only with smoothing, the argmax only with RETURN_ARGMAX)."""
     running_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
     running_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
     total = tl.zeros((BLOCK_ROWS,), tl.float32)
+    weight_total = tl.zeros((BLOCK_ROWS,), tl.float32)
+    argmax = tl.zeros((BLOCK_ROWS,), tl.int32)
     for block in range(NUM_V_BLOCKS):
         _, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
-        new_max = tl.maximum(running_max, tl.max(c, axis=1))
+        block_max = tl.max(c, axis=1)
+        if RETURN_ARGMAX:  # first column of the block's max; a later block must be strictly larger to win
+            first = tl.min(tl.where(c == block_max[:, None], cols[None, :], n_cols), axis=1)
+            argmax = tl.where(block_max > running_max, first, argmax)
+        new_max = tl.maximum(running_max, block_max)
         # Shift by 0 while a row has only seen -inf (its first block, or logits masked to -inf), not by -inf:
         # exp(-inf - shift) is then 0 rather than NaN.
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         running_sum = running_sum * tl.exp(running_max - shift) + tl.sum(tl.exp(c - shift[:, None]), axis=1)
         running_max = new_max
         if label_smoothing > 0:
-            total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
-    # The label's logit, one element per row; rows with a label outside [0, n_cols) read nothing.
-    in_range = _label_in_range(labels, n_cols)
-    target_offsets = rows * n_cols + tl.where(in_range, labels, 0)
-    target = tl.load(logits_ptr + target_offsets, mask=active & in_range, other=0.0).to(tl.float32)
-    if softcap > 0:
-        target = softcap * _tanh(target / softcap)
-    return running_max + tl.log(running_sum), target, total
+            if HAS_WEIGHT:
+                w = tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+                total += tl.sum(tl.where(col_mask, c, 0.0) * w[None, :], axis=1)
+                weight_total += tl.sum(w)
+            else:
+                total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
+    target = _target_logit(logits_ptr, rows, labels, active, n_cols, softcap)
+    return running_max + tl.log(running_sum), target, total, weight_total, argmax
 
 
 @triton.jit
-def _row_losses(lse, target, total, labels, active, n_cols, label_smoothing: tl.constexpr, z_loss_scale: tl.constexpr):
+def _target_logit(logits_ptr, rows, labels, active, n_cols, softcap: tl.constexpr):
+    """Each row's softcapped fp32 logit of its label; rows with a label outside [0, n_cols) read nothing."""
+    in_range = _label_in_range(labels, n_cols)
+    target = tl.load(logits_ptr + rows * n_cols + tl.where(in_range, labels, 0), mask=active & in_range, other=0.0)
+    target = target.to(tl.float32)
+    if softcap > 0:
+        target = softcap * _tanh(target / softcap)
+    return target
+
+
+@triton.jit
+def _label_weight(class_weight_ptr, labels, active, n_cols, HAS_WEIGHT: tl.constexpr):
+    """w_label per row (1.0 without HAS_WEIGHT); rows inactive or out of range read nothing."""
+    weight = tl.zeros(active.shape, tl.float32) + 1.0
+    if HAS_WEIGHT:
+        in_range = _label_in_range(labels, n_cols)
+        index = tl.where(in_range, labels, 0)
+        weight = tl.load(class_weight_ptr + index, mask=active & in_range, other=0.0).to(tl.float32)
+    return weight
+
+
+@triton.jit
+def _row_losses(
+    lse,
+    target,
+    total,
+    weight_total,
+    label_weight,
+    labels,
+    active,
+    n_cols,
+    label_smoothing: tl.constexpr,
+    z_loss_scale: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
+):
     """Per row (loss, z_loss): 0 for ignored rows, a NaN loss for a label outside [0, n_cols)."""
     z_loss = z_loss_scale * lse * lse
-    loss = lse - (1.0 - label_smoothing) * target + z_loss
-    if label_smoothing > 0:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf
-        loss -= (label_smoothing / n_cols) * total
+    if HAS_WEIGHT:
+        loss = (1.0 - label_smoothing) * label_weight * (lse - target) + z_loss
+        if label_smoothing > 0:
+            loss += (label_smoothing / n_cols) * (weight_total * lse - total)
+    else:
+        loss = lse - (1.0 - label_smoothing) * target + z_loss
+        if label_smoothing > 0:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf
+            loss -= (label_smoothing / n_cols) * total
+    if TOKEN_SCALING:
+        p_target = tl.exp(target - lse)
+        loss *= p_target
+        z_loss *= p_target
     loss = tl.where(_label_in_range(labels, n_cols), loss, float("nan"))
     return tl.where(active, loss, 0.0), tl.where(active, z_loss, 0.0)
 
@@ -110,52 +173,91 @@ def _row_losses(lse, target, total, labels, active, n_cols, label_smoothing: tl.
 def _store_row_losses(
     logits_ptr,
     labels_ptr,
+    class_weight_ptr,
     n_rows,
     loss_ptr,
     z_loss_ptr,
     lse_ptr,
+    argmax_ptr,
     n_cols: tl.constexpr,
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
     softcap: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
+    RETURN_ARGMAX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """This program's rows: one pass for their statistics, loss, z-loss and lse stored; returns (rows, labels,
-    row_exists, active, lse) for a gradient pass."""
+    """This program's rows: one pass for their statistics, loss, z-loss, lse (and argmax) stored; returns (rows,
+    labels, row_exists, active, lse, target) for a gradient pass."""
     first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
     rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
-    lse, target, total = _statistics(
-        logits_ptr, rows, labels, active, n_cols, label_smoothing, softcap, BLOCK_ROWS, BLOCK_V, NUM_V_BLOCKS
+    lse, target, total, weight_total, argmax = _statistics(
+        logits_ptr,
+        class_weight_ptr,
+        rows,
+        labels,
+        active,
+        n_cols,
+        label_smoothing,
+        softcap,
+        HAS_WEIGHT,
+        RETURN_ARGMAX,
+        BLOCK_ROWS,
+        BLOCK_V,
+        NUM_V_BLOCKS,
     )
-    loss, z_loss = _row_losses(lse, target, total, labels, active, n_cols, label_smoothing, z_loss_scale)
+    label_weight = _label_weight(class_weight_ptr, labels, active, n_cols, HAS_WEIGHT)
+    loss, z_loss = _row_losses(
+        lse,
+        target,
+        total,
+        weight_total,
+        label_weight,
+        labels,
+        active,
+        n_cols,
+        label_smoothing,
+        z_loss_scale,
+        HAS_WEIGHT,
+        TOKEN_SCALING,
+    )
     tl.store(loss_ptr + rows, loss, mask=row_exists)
     tl.store(z_loss_ptr + rows, z_loss, mask=row_exists)
     tl.store(lse_ptr + rows, lse, mask=row_exists)
-    return rows, labels, row_exists, active, lse
+    if RETURN_ARGMAX:
+        tl.store(argmax_ptr + rows, tl.where(active, argmax, -1), mask=row_exists)
+    return rows, labels, row_exists, active, lse, target
 
 
 @triton.jit
 def _store_grads(
     logits_ptr,
+    class_weight_ptr,
     dlogits_ptr,
     grad_scale_ptr,
+    z_grad_scale_ptr,
     rows,
     labels,
     row_exists,
     active,
     lse,
+    target,
     n_cols: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
     softcap: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """grad_scale · dloss/dlogits of this program's rows, from their lse: one read of the logits, one write.
+    """grad_scale · dloss/dlogits of this program's rows, from their lse (and target logit, for TOKEN_SCALING): one
+    read of the logits, one write. With HAS_WEIGHT the z-loss part is scaled by z_grad_scale instead.
 
     Each gradient element is stored after its logit was read, so the gradient may overwrite the logits in place.
     Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is NaN.
@@ -163,16 +265,41 @@ def _store_grads(
     in_range = _label_in_range(labels, n_cols)
     scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
     scale = tl.where(active & in_range, scale, 0.0)
+    if HAS_WEIGHT:
+        z_scale = tl.load(z_grad_scale_ptr + rows, mask=row_exists, other=0.0)
+        z_scale = tl.where(active & in_range, z_scale, 0.0)
+        label_weight = _label_weight(class_weight_ptr, labels, active, n_cols, HAS_WEIGHT)
+        weight_total = tl.zeros((BLOCK_ROWS,), tl.float32)
+        if label_smoothing > 0:
+            for block in range(NUM_V_BLOCKS):
+                cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
+                weight_total += tl.sum(tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32))
+    if TOKEN_SCALING:
+        p_target = tl.exp(target - lse)
+        scale *= p_target
+        if HAS_WEIGHT:
+            z_scale *= p_target
     softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
     for block in range(NUM_V_BLOCKS):
         offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
-        grad = tl.exp(c - lse[:, None]) * softmax_scale[:, None] - label_smoothing / n_cols
-        # The target's -(1 - α) joins p_y in fp32: rounding p_y first loses it entirely in bf16 (Liger #1329).
-        grad -= tl.where(cols[None, :] == labels[:, None], 1.0 - label_smoothing, 0.0)
+        p = tl.exp(c - lse[:, None])
+        is_target = cols[None, :] == labels[:, None]
+        if HAS_WEIGHT:
+            # The target's -1 joins p_y in fp32 before any rounding, as below.
+            grad = (1.0 - label_smoothing) * label_weight[:, None] * (p - tl.where(is_target, 1.0, 0.0))
+            if label_smoothing > 0:
+                w = tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+                grad += (label_smoothing / n_cols) * (weight_total[:, None] * p - w[None, :])
+            grad = grad * scale[:, None] + (2.0 * z_loss_scale * lse * z_scale)[:, None] * p
+        else:
+            grad = p * softmax_scale[:, None] - label_smoothing / n_cols
+            # The target's -(1 - α) joins p_y in fp32: rounding p_y first loses it entirely in bf16 (Liger #1329).
+            grad -= tl.where(is_target, 1.0 - label_smoothing, 0.0)
         if softcap > 0:
             tanh = tl.where(col_mask, c / softcap, 0.0)
             grad *= 1.0 - tanh * tanh
-        grad = grad * scale[:, None]
+        if not HAS_WEIGHT:
+            grad = grad * scale[:, None]
         tl.store(dlogits_ptr + offsets, grad.to(dlogits_ptr.dtype.element_ty), mask=row_exists[:, None] & col_mask)
 
 
@@ -180,32 +307,42 @@ def _store_grads(
 def cross_entropy_loss(
     logits_ptr,  # [n_rows, n_cols] logits.dtype
     labels_ptr,  # [n_rows] int32 or int64
+    class_weight_ptr,  # [n_cols] fp32 class weights (read only with HAS_WEIGHT)
     n_rows,
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
     lse_ptr,  # [n_rows] fp32: log Σ_j exp(c_j), for cross_entropy_grad
+    argmax_ptr,  # [n_rows] int32 (written only with RETURN_ARGMAX)
     n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
     softcap: tl.constexpr,  # 0.0 means no softcap
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
+    RETURN_ARGMAX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Per-row loss, z-loss and lse: one read of the logits."""
+    """Per-row loss, z-loss, lse (and argmax): one read of the logits."""
     _store_row_losses(
         logits_ptr,
         labels_ptr,
+        class_weight_ptr,
         n_rows,
         loss_ptr,
         z_loss_ptr,
         lse_ptr,
+        argmax_ptr,
         n_cols,
         ignore_index,
         label_smoothing,
         z_loss_scale,
         softcap,
+        HAS_WEIGHT,
+        TOKEN_SCALING,
+        RETURN_ARGMAX,
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,
@@ -216,52 +353,68 @@ def cross_entropy_loss(
 def cross_entropy_loss_and_grad(
     logits_ptr,  # [n_rows, n_cols] logits.dtype; may alias dlogits_ptr
     labels_ptr,  # [n_rows] int32 or int64
+    class_weight_ptr,  # [n_cols] fp32 class weights (read only with HAS_WEIGHT)
     grad_scale_ptr,  # [n_rows] fp32: multiplies each row's gradient (1/n for "mean", a cotangent, ...)
+    z_grad_scale_ptr,  # [n_rows] fp32: the same for the z-loss part (read only with HAS_WEIGHT)
     n_rows,
     dlogits_ptr,  # [n_rows, n_cols] logits.dtype
     loss_ptr,  # [n_rows] fp32
     z_loss_ptr,  # [n_rows] fp32
     lse_ptr,  # [n_rows] fp32
+    argmax_ptr,  # [n_rows] int32 (written only with RETURN_ARGMAX)
     n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
     ignore_index: tl.constexpr,
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
     softcap: tl.constexpr,  # 0.0 means no softcap
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
+    RETURN_ARGMAX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Per-row loss, z-loss, lse and grad_scale · dloss/dlogits: two reads of the logits, one write of the
+    """Per-row loss, z-loss, lse (argmax) and grad_scale · dloss/dlogits: two reads of the logits, one write of the
     gradient (which may overwrite the logits)."""
-    rows, labels, row_exists, active, lse = _store_row_losses(
+    rows, labels, row_exists, active, lse, target = _store_row_losses(
         logits_ptr,
         labels_ptr,
+        class_weight_ptr,
         n_rows,
         loss_ptr,
         z_loss_ptr,
         lse_ptr,
+        argmax_ptr,
         n_cols,
         ignore_index,
         label_smoothing,
         z_loss_scale,
         softcap,
+        HAS_WEIGHT,
+        TOKEN_SCALING,
+        RETURN_ARGMAX,
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,
     )
     _store_grads(
         logits_ptr,
+        class_weight_ptr,
         dlogits_ptr,
         grad_scale_ptr,
+        z_grad_scale_ptr,
         rows,
         labels,
         row_exists,
         active,
         lse,
+        target,
         n_cols,
         label_smoothing,
         z_loss_scale,
         softcap,
+        HAS_WEIGHT,
+        TOKEN_SCALING,
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,
@@ -272,8 +425,10 @@ def cross_entropy_loss_and_grad(
 def cross_entropy_grad(
     logits_ptr,  # [n_rows, n_cols] logits.dtype; may alias dlogits_ptr
     labels_ptr,  # [n_rows] int32 or int64
+    class_weight_ptr,  # [n_cols] fp32 class weights (read only with HAS_WEIGHT)
     lse_ptr,  # [n_rows] fp32, from cross_entropy_loss
     grad_scale_ptr,  # [n_rows] fp32: multiplies each row's gradient (the cotangent times 1/n for "mean", ...)
+    z_grad_scale_ptr,  # [n_rows] fp32: the same for the z-loss part (read only with HAS_WEIGHT)
     n_rows,
     dlogits_ptr,  # [n_rows, n_cols] logits.dtype
     n_cols: tl.constexpr,  # V; a constexpr so rows start provably 16-byte aligned (kernels._rows)
@@ -281,6 +436,9 @@ def cross_entropy_grad(
     label_smoothing: tl.constexpr,
     z_loss_scale: tl.constexpr,
     softcap: tl.constexpr,  # 0.0 means no softcap
+    HAS_WEIGHT: tl.constexpr,
+    TOKEN_SCALING: tl.constexpr,
+    RETURN_ARGMAX: tl.constexpr,  # unused here; shared with the forward kernels' constexprs
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
@@ -290,19 +448,27 @@ def cross_entropy_grad(
     first_row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS
     rows, labels, row_exists, active = _row_block(first_row, n_rows, labels_ptr, ignore_index, BLOCK_ROWS)
     lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)
+    target = lse
+    if TOKEN_SCALING:
+        target = _target_logit(logits_ptr, rows, labels, active, n_cols, softcap)
     _store_grads(
         logits_ptr,
+        class_weight_ptr,
         dlogits_ptr,
         grad_scale_ptr,
+        z_grad_scale_ptr,
         rows,
         labels,
         row_exists,
         active,
         lse,
+        target,
         n_cols,
         label_smoothing,
         z_loss_scale,
         softcap,
+        HAS_WEIGHT,
+        TOKEN_SCALING,
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,

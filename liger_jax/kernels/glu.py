@@ -13,6 +13,8 @@ is a constexpr: with a runtime bound Triton cannot vectorise the masked loads (s
 import triton
 import triton.language as tl
 
+from liger_jax.kernels._elements import element_block
+
 # The ACTIVATION constexpr; liger_jax.ops.glu maps its activation names onto these codes.
 SILU = tl.constexpr(0)
 GELU_TANH = tl.constexpr(1)
@@ -36,13 +38,6 @@ def _activation(g, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _block(n, BLOCK: tl.constexpr):
-    """This program's element offsets (int64: n can pass 2^31) and their in-bounds mask."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return offsets, offsets < n
-
-
-@triton.jit
 def glu_fwd(
     gate_ptr,  # [n] gate.dtype
     up_ptr,  # [n] gate.dtype
@@ -52,7 +47,7 @@ def glu_fwd(
     BLOCK: tl.constexpr,
 ):
     """out = act(gate) · up."""
-    offsets, mask = _block(n, BLOCK)
+    offsets, mask = element_block(n, BLOCK)
     g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     act, _ = _activation(g, ACTIVATION)
@@ -71,7 +66,7 @@ def glu_bwd(
     BLOCK: tl.constexpr,
 ):
     """dgate = dout · up · act'(gate) and dup = dout · act(gate), the activation recomputed from gate."""
-    offsets, mask = _block(n, BLOCK)
+    offsets, mask = element_block(n, BLOCK)
     dout = tl.load(dout_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)

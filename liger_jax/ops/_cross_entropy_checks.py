@@ -21,11 +21,14 @@ def loss_settings(
     softcap: float | None,
     reduction: str,
     implementation: str,
+    weighted: bool = False,
+    token_scaling: bool = False,
+    return_argmax: bool = False,
 ) -> LossSettings:
     """Validates the loss options and returns them as hashable settings.
 
     Raises:
-        TypeError: ignore_index is not an int.
+        TypeError: ignore_index is not an int, or a flag is not a bool.
         ValueError: label_smoothing outside [0, 1], z_loss_scale negative or not finite, softcap not positive,
             or an unknown reduction.
     """
@@ -38,6 +41,7 @@ def loss_settings(
     if softcap is not None and not (math.isfinite(softcap) and softcap > 0.0):
         raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
     _checks.check_choice("reduction", reduction, REDUCTIONS)
+    check_flags(use_token_scaling=token_scaling)
     return LossSettings(
         ignore_index=int(ignore_index),
         label_smoothing=float(label_smoothing),
@@ -45,7 +49,38 @@ def loss_settings(
         softcap=None if softcap is None else float(softcap),
         reduction=reduction,
         implementation=implementation,
+        weighted=weighted,
+        token_scaling=token_scaling,
+        return_argmax=return_argmax,
     )
+
+
+def check_flags(**flags) -> None:
+    """Raises TypeError for a ``return_*`` option that is not a bool (Liger asserts the same)."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+
+
+def check_class_weight(ce_weight, n_classes: int, implementation: str) -> None:
+    """Checks Liger's ``ce_weight``: None, or a floating ``[V]`` of finite weights ``>= 0`` (values when concrete).
+
+    Raises:
+        TypeError: ce_weight is not a floating-point array.
+        ValueError: ce_weight is not ``[V]``, or a concrete weight is negative or not finite.
+    """
+    if ce_weight is None:
+        return
+    _checks.check_floating("ce_weight", ce_weight, implementation)
+    _checks.check_shape("ce_weight", ce_weight, (n_classes,), "the number of classes")
+    try:
+        values = np.asarray(ce_weight, np.float64)
+    except jax.errors.TracerArrayConversionError:
+        return  # traced weights have no values to check
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        index = int(np.argwhere(bad)[0, 0])
+        raise ValueError(f"ce_weight must be finite and >= 0, got {values[index]} at class {index}")
 
 
 def check_labels(labels: jax.Array, row_shape: Sequence[int], meaning: str, n_classes: int, ignore_index: int) -> None:

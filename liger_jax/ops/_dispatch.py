@@ -31,6 +31,24 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "rope": 2**23,  # q and k: tokens × (Hq + Hkv) × D
     "cross_entropy": 2**22,  # logits: rows × V
     "fused_linear_cross_entropy": 2**22,  # the logits it never builds: rows × V
+    # FLCE's chunk loop and kernel pattern, not measured on their own: FLCE's entry.
+    "fused_linear_logprobs": 2**22,  # the logits it never builds: rows × V
+    "fused_linear_jsd": 2**22,  # the student's logits it never builds: rows × V
+    "fused_linear_distillation": 2**22,  # the student's logits it never builds: rows × V
+    # Not measured yet: cross-entropy's threshold, as these read [rows, V] operands in one pass the same way.
+    "kl_div": 2**22,  # input: rows × V
+    "jsd": 2**22,  # input: rows × V
+    "tvd": 2**22,  # input: rows × V
+    # Not measured yet: the row norms' threshold, as these launch the same way.
+    "group_norm": 2**24,  # x: batch × positions × channels
+    "dyt": 2**24,  # x: rows × D
+    "poly_norm": 2**24,  # x: rows × D
+    "modulated_rms_norm": 2**24,  # x: rows × D
+    # Not measured yet: softmax and sparsemax launch as the row norms do, ReLU² as SwiGLU (elementwise, and alone
+    # XLA fuses its forward and backward into one pass): their entries.
+    "softmax": 2**24,  # x: rows × D
+    "sparsemax": 2**24,  # x: rows × D
+    "relu_squared": 2**26,  # x: all elements
 }
 # Rows longer than this run XLA by default: from D = 32768 the norms' backward can no longer keep a row on chip and
 # walks it twice (column blocks), which measured 0.72-0.92x XLA's fwd+bwd on the H200 (benchmarks/norm_tiling.py,

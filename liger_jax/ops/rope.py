@@ -1,4 +1,9 @@
-"""Rotary position embeddings: cos/sin tables, reference, Triton launch, custom_vjp."""
+"""Rotary position embeddings: cos/sin tables, reference, Triton launch, custom_vjp.
+
+The rotation here serves the whole RoPE family: :func:`apply_rotary_pos_emb` (full or partial rotary, either pair
+layout), :func:`liger_jax.qwen2vl_mrope` (a table plane per pair section) and :func:`liger_jax.llama4_rope`
+(interleaved tables from complex frequencies) all call :func:`rotate`.
+"""
 
 import functools
 import numbers
@@ -19,57 +24,65 @@ from liger_jax.ops._partitioning import partitioned
 _MAX_TILE_PAIRS = 1024
 _NUM_WARPS = 4
 
+# Qwen2-VL's mrope_section splits the pairs among this many table planes: temporal, height, width positions.
+N_SECTIONS = 3
+
 
 def apply_rotary_pos_emb(
     q: jax.Array,
-    k: jax.Array,
+    k: jax.Array | None,
     cos: jax.Array,
     sin: jax.Array,
     *,
     interleaved: bool = False,
+    rotary_dim: int | None = None,
     implementation: runtime.Implementation | None = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array | None]:
     r"""Rotates queries and keys by their positions' angles (rotary position embedding, Liger's RoPE).
 
     .. math::
         \mathrm{out} = x \cdot \cos + \mathrm{rotate}(x) \cdot \sin
 
-    for ``x`` each head of ``q`` and of ``k``. In the rotate-half (NeoX, Llama, HF transformers) layout,
-    ``rotate(x) = concat(-x[D/2:], x[:D/2])``; with ``interleaved=True`` (GPT-J, Llama 4) the pairs are adjacent,
-    ``rotate(x)[2i] = -x[2i+1]`` and ``rotate(x)[2i+1] = x[2i]``. :func:`rope_cos_sin` builds ``cos``/``sin`` in
-    either layout; positions are already gathered into them, so packed sequences and arbitrary position ids work.
+    for ``x`` the first ``rotary_dim`` features of each head of ``q`` and of ``k``; the remaining
+    ``D - rotary_dim`` features pass through unchanged (partial rotary: Phi, GPT-NeoX, Gemma 4). In the rotate-half
+    (NeoX, Llama, HF transformers) layout, ``rotate(x) = concat(-x[R/2:], x[:R/2])`` with R = rotary_dim; with
+    ``interleaved=True`` (GPT-J, Llama 4) the pairs are adjacent, ``rotate(x)[2i] = -x[2i+1]`` and
+    ``rotate(x)[2i+1] = x[2i]``. :func:`rope_cos_sin` builds ``cos``/``sin`` in either layout; positions are already
+    gathered into them, so packed sequences and arbitrary position ids work.
 
-    Numerics: computed in fp32 (cos and sin upcast as given), rounded once to the dtype of q (of k). The backward
-    pass is the same kernel applying the transposed rotation (by -θ) to the cotangents; nothing but cos and sin is
-    saved. When cos or sin are themselves differentiated, q and k are saved too and their gradients
-    (``Σ_heads dout · x`` and ``Σ_heads dout · rotate(x)``) are computed by XLA.
+    Numerics: computed in fp32 (cos and sin upcast as given), rounded once to the dtype of q (of k); pass-through
+    features are copied exactly. The backward pass is the same kernel applying the transposed rotation (by -θ) to
+    the cotangents; nothing but cos and sin is saved. When cos or sin are themselves differentiated, q and k are
+    saved too and their gradients (``Σ_heads dout · x`` and ``Σ_heads dout · rotate(x)``) are computed by XLA.
 
     Args:
         q: ``[B, S, Hq, D]`` queries, float32, bfloat16 or float16 (float64 too under ``"xla"``); D even.
-        k: ``[B, S, Hkv, D]`` keys, same kinds of dtype; Hkv divides Hq (grouped-query attention, Hkv = 1 too).
-        cos: ``[S, D]``, ``[1, S, D]`` or ``[B, S, D]``, any of those float dtypes.
+        k: ``[B, S, Hkv, D]`` keys, same kinds of dtype; Hkv divides Hq (grouped-query attention, Hkv = 1 too). Or
+            None: q alone is rotated.
+        cos: ``[S, R]``, ``[1, S, R]`` or ``[B, S, R]``, any of those float dtypes; R = rotary_dim.
         sin: the same shape as ``cos``.
         interleaved: the GPT-J pair layout instead of rotate-half.
+        rotary_dim: R, how many leading features of each head rotate: even, at most D; None for all of them.
         implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for the default (see
             :mod:`liger_jax.runtime`).
 
     Returns:
-        ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``.
+        ``(q_rot, k_rot)`` with the shapes and dtypes of ``q`` and ``k``; ``k_rot`` is None when ``k`` is.
 
     Raises:
         TypeError: an argument is not floating point.
         ValueError: q or k is not rank 4, their batch, sequence or head_dim differ, D is odd, Hkv does not divide
-            Hq, or cos/sin do not have one of the shapes above.
+            Hq, rotary_dim is odd, not positive or above D, or cos/sin do not have one of the shapes above.
 
     Example:
         >>> cos, sin = liger_jax.rope_cos_sin(jnp.arange(seq_len), head_dim)
         >>> q, k = liger_jax.apply_rotary_pos_emb(q, k, cos, sin)
     """
-    implementation = _dispatch.resolve(implementation, "rope", np.size(q) + np.size(k))
-    _check_inputs(q, k, cos, sin, implementation)
-    if implementation == "xla" or q.size == 0:
-        return apply_rotary_pos_emb_reference(q, k, cos, sin, interleaved=interleaved)
-    return _rope(q, k, cos, sin, bool(interleaved), implementation)
+    tensors = (q,) if k is None else (q, k)
+    implementation = _dispatch.resolve(implementation, "rope", sum(np.size(x) for x in tensors))
+    check_inputs(q, k, cos, sin, rotary_dim=rotary_dim, planes=None, implementation=implementation)
+    rotated = rotate(tensors, cos, sin, interleaved=bool(interleaved), sections=None, implementation=implementation)
+    return (rotated[0], None) if k is None else rotated
 
 
 def rope_cos_sin(
@@ -78,29 +91,33 @@ def rope_cos_sin(
     *,
     base: float = 10000.0,
     interleaved: bool = False,
+    rotary_dim: int | None = None,
     dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
     r"""The cos and sin tables of rotary embeddings at ``positions``, as HF transformers' Llama computes them.
 
     .. math::
-        \theta_{p,i} = p \cdot \mathrm{base}^{-2i/D}, \quad i = 0, \dots, D/2 - 1
+        \theta_{p,i} = p \cdot \mathrm{base}^{-2i/R}, \quad i = 0, \dots, R/2 - 1
 
-    computed in fp32; each angle fills both entries of its pair: ``[θ_0..θ_{D/2-1}, θ_0..θ_{D/2-1}]`` in the
-    rotate-half layout, ``[θ_0, θ_0, θ_1, θ_1, ...]`` with ``interleaved=True``.
+    for R = rotary_dim (HF's ``head_dim * partial_rotary_factor``; D by default), computed in fp32; each angle fills
+    both entries of its pair: ``[θ_0..θ_{R/2-1}, θ_0..θ_{R/2-1}]`` in the rotate-half layout,
+    ``[θ_0, θ_0, θ_1, θ_1, ...]`` with ``interleaved=True``.
 
     Args:
         positions: ``[S]`` or ``[B, S]`` integer positions.
         head_dim: D, even.
         base: the wavelength base (``rope_theta``).
         interleaved: build the GPT-J layout (for ``apply_rotary_pos_emb(..., interleaved=True)``).
+        rotary_dim: R, the rotated features of a head (partial rotary): even, at most D; None for D.
         dtype: dtype of the tables.
 
     Returns:
-        ``(cos, sin)``, each ``[S, D]`` or ``[B, S, D]`` of ``dtype``.
+        ``(cos, sin)``, each ``[S, R]`` or ``[B, S, R]`` of ``dtype``.
 
     Raises:
         TypeError: positions is not an integer array.
-        ValueError: positions is not rank 1 or 2, or head_dim is not a positive even int.
+        ValueError: positions is not rank 1 or 2, head_dim is not a positive even int, or rotary_dim is odd, not
+            positive or above head_dim.
     """
     if not jnp.issubdtype(positions.dtype, jnp.integer):
         raise TypeError(f"positions must be an integer array, got dtype {positions.dtype}")
@@ -108,7 +125,8 @@ def rope_cos_sin(
         raise ValueError(f"positions must have shape (S,) or (B, S), got {positions.shape}")
     if not isinstance(head_dim, numbers.Integral) or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"head_dim must be a positive even int, got {head_dim!r}")
-    inv_freq = 1.0 / (base ** (jnp.arange(0, int(head_dim), 2, dtype=jnp.float32) / int(head_dim)))
+    width = _rotary_width(rotary_dim, int(head_dim))
+    inv_freq = 1.0 / (base ** (jnp.arange(0, width, 2, dtype=jnp.float32) / width))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
     if interleaved:
         angles = jnp.repeat(angles, 2, axis=-1)
@@ -118,133 +136,222 @@ def rope_cos_sin(
 
 
 def apply_rotary_pos_emb_reference(
-    q: jax.Array, k: jax.Array, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False
-) -> tuple[jax.Array, jax.Array]:
+    q: jax.Array, k: jax.Array | None, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False
+) -> tuple[jax.Array, jax.Array | None]:
     """RoPE in plain jax.numpy: the specification of :func:`apply_rotary_pos_emb` and its ``"xla"`` implementation.
 
-    Each of q and k is computed in ``promote(dtype, float32)`` (float64 inputs stay float64, the oracle of the
-    tests) and rounded to its dtype. Shapes and dtypes as :func:`apply_rotary_pos_emb`.
+    The first ``cos.shape[-1]`` features of each head rotate, the rest pass through. Each of q and k is computed in
+    ``promote(dtype, float32)`` (float64 inputs stay float64, the oracle of the tests) and rounded to its dtype.
+    Shapes and dtypes as :func:`apply_rotary_pos_emb`.
     """
+    tensors = (q,) if k is None else (q, k)
+    rotated = rotation_reference(tensors, cos, sin, interleaved=interleaved, sections=None)
+    return (rotated[0], None) if k is None else rotated
+
+
+def rotation_reference(
+    tensors: tuple[jax.Array, ...],
+    cos: jax.Array,
+    sin: jax.Array,
+    *,
+    interleaved: bool,
+    sections: tuple[int, int, int] | None,
+) -> tuple[jax.Array, ...]:
+    """The rotation of :func:`rotate` in plain jax.numpy; with ``sections`` the tables have a leading plane axis and
+    pair p takes its entries from the plane of the section p falls in."""
     # Upcast the tables once, so their gradients from q and from k add up before the one rounding to their dtype.
     cos, sin = (table.astype(jnp.promote_types(table.dtype, jnp.float32)) for table in (cos, sin))
-    return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
+    if sections is not None:
+        cos, sin = (_merged_planes(table, sections, interleaved) for table in (cos, sin))
+    return tuple(_rotate(x, cos, sin, interleaved) for x in tensors)
+
+
+def _merged_planes(table, sections, interleaved):
+    """``[planes, ..., R] -> [..., R]``: each feature from the plane of its pair's section."""
+    width = table.shape[-1]
+    pair = np.arange(width) // 2 if interleaved else np.arange(width) % (width // 2)
+    plane = np.searchsorted(np.cumsum(sections), pair, side="right").reshape((1,) * (table.ndim - 2) + (width,))
+    return jnp.select([plane == i for i in range(len(sections) - 1)], list(table[:-1]), table[-1])
 
 
 def _rotate(x, cos, sin, interleaved):
     compute = jnp.promote_types(x.dtype, jnp.float32)
-    # [S, D] or [B|1, S, D] -> [B|1, S, 1, D], explicitly: no rank promotion.
-    table_shape = (1,) * (3 - cos.ndim) + cos.shape[:-1] + (1, cos.shape[-1])
+    width = cos.shape[-1]
+    # [S, R] or [B|1, S, R] -> [B|1, S, 1, R], explicitly: no rank promotion.
+    table_shape = (1,) * (3 - cos.ndim) + cos.shape[:-1] + (1, width)
     cos = cos.reshape(table_shape).astype(compute)
     sin = sin.reshape(table_shape).astype(compute)
-    x_c = x.astype(compute)
+    x_c = x[..., :width].astype(compute)
     if interleaved:
-        pairs = x_c.reshape(*x.shape[:-1], -1, 2)
-        rotated = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+        pairs = x_c.reshape(*x_c.shape[:-1], -1, 2)
+        rotated = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x_c.shape)
     else:
-        half = x.shape[-1] // 2
+        half = width // 2
         rotated = jnp.concatenate([-x_c[..., half:], x_c[..., :half]], axis=-1)
-    return (x_c * cos + rotated * sin).astype(x.dtype)
+    return jnp.concatenate([(x_c * cos + rotated * sin).astype(x.dtype), x[..., width:]], axis=-1)
 
 
-def _check_inputs(q, k, cos, sin, implementation):
-    for name, array in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+def _rotary_width(rotary_dim, head_dim: int) -> int:
+    """``rotary_dim`` checked against ``head_dim``; ``head_dim`` for None."""
+    if rotary_dim is None:
+        return head_dim
+    if not isinstance(rotary_dim, numbers.Integral) or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be a positive even int at most head_dim = {head_dim}, got {rotary_dim!r}")
+    return int(rotary_dim)
+
+
+def check_inputs(q, k, cos, sin, *, rotary_dim, planes, implementation) -> None:
+    """Checks q ``[B, S, Hq, D]``, k ``[B, S, Hkv, D]`` (or None) and the tables ``[planes?, S|1 S|B S, R]``.
+
+    Raises:
+        TypeError: an argument is not floating point.
+        ValueError: as :func:`apply_rotary_pos_emb` says.
+    """
+    named = (("q", q), ("cos", cos), ("sin", sin)) + ((("k", k),) if k is not None else ())
+    for name, array in named:
         _checks.check_floating(name, array, implementation)
     for name, array in (("q", q), ("k", k)):
-        if array.ndim != 4:
+        if array is not None and array.ndim != 4:
             raise ValueError(f"{name} must have shape (batch, seq, heads, head_dim), got {array.shape}")
     batch, seq, q_heads, head_dim = q.shape
     if head_dim % 2:
         raise ValueError(f"q's head_dim (last axis) must be even to form rotation pairs, got shape {q.shape}")
-    k_heads = k.shape[2]
-    _checks.check_shape("k", k, (batch, seq, k_heads, head_dim), "q's batch, seq and head_dim")
-    if k_heads == 0 or q_heads % k_heads:
-        raise ValueError(f"k's heads ({k_heads}) must divide q's heads ({q_heads}), got k shape {k.shape}")
-    table_shapes = ((seq, head_dim), (1, seq, head_dim), (batch, seq, head_dim))
+    if k is not None:
+        k_heads = k.shape[2]
+        _checks.check_shape("k", k, (batch, seq, k_heads, head_dim), "q's batch, seq and head_dim")
+        if k_heads == 0 or q_heads % k_heads:
+            raise ValueError(f"k's heads ({k_heads}) must divide q's heads ({q_heads}), got k shape {k.shape}")
+    width = _rotary_width(rotary_dim, head_dim)
+    leading = () if planes is None else (planes,)
+    table_shapes = tuple(leading + shape for shape in ((seq, width), (1, seq, width), (batch, seq, width)))
     if cos.shape not in table_shapes:
-        raise ValueError(f"cos must have shape (S, D), (1, S, D) or (B, S, D) = {table_shapes}, got {cos.shape}")
+        names = "(S, R), (1, S, R) or (B, S, R)" if planes is None else f"({planes}, S|1 S|B S, R)"
+        raise ValueError(f"cos must have shape {names} = {table_shapes} (R = rotary_dim), got {cos.shape}")
     _checks.check_shape("sin", sin, cos.shape, "cos's shape")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _rope(q, k, cos, sin, interleaved, implementation):
-    return _launcher(interleaved, False, implementation)(q, k, cos, sin)
+def rotate(
+    tensors: tuple[jax.Array, ...],
+    cos: jax.Array,
+    sin: jax.Array,
+    *,
+    interleaved: bool,
+    sections: tuple[int, int, int] | None,
+    implementation: runtime.Implementation,
+) -> tuple[jax.Array, ...]:
+    """Rotates each of ``tensors`` (one or two, checked by :func:`check_inputs`) by the tables, in one launch.
+
+    The first ``cos.shape[-1]`` features of each head rotate; ``sections`` (summing to ``cos.shape[-1] / 2``) give
+    the tables a leading plane axis, one plane per section of pairs (Qwen2-VL's multimodal RoPE).
+    """
+    if implementation == "xla" or tensors[0].size == 0:
+        return rotation_reference(tensors, cos, sin, interleaved=interleaved, sections=sections)
+    return _rope(tuple(tensors), cos, sin, interleaved, sections, implementation)
 
 
-def _rope_fwd(q, k, cos, sin, interleaved, implementation):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _rope(tensors, cos, sin, interleaved, sections, implementation):
+    return _launcher(len(tensors), interleaved, sections, False, implementation)(*tensors, cos, sin)
+
+
+def _rope_fwd(tensors, cos, sin, interleaved, sections, implementation):
     # symbolic_zeros: each array arrives as CustomVJPPrimal(value, perturbed).
-    out = _launcher(interleaved, False, implementation)(q.value, k.value, cos.value, sin.value)
-    saved_inputs = (q.value, k.value) if cos.perturbed or sin.perturbed else None
+    values = tuple(x.value for x in tensors)
+    out = _launcher(len(values), interleaved, sections, False, implementation)(*values, cos.value, sin.value)
+    saved_inputs = values if cos.perturbed or sin.perturbed else None
     return out, (saved_inputs, cos.value, sin.value)
 
 
-def _rope_bwd(interleaved, implementation, residuals, cotangents):
+def _rope_bwd(interleaved, sections, implementation, residuals, cotangents):
     saved_inputs, cos, sin = residuals
-    dq_rot, dk_rot = (jnp.zeros(ct.shape, ct.dtype) if isinstance(ct, SymbolicZero) else ct for ct in cotangents)
-    if saved_inputs is None:
-        dq, dk = _launcher(interleaved, True, implementation, alias_cotangents=True)(dq_rot, dk_rot, cos, sin)
-        return dq, dk, None, None
-    dq, dk = _launcher(interleaved, True, implementation)(dq_rot, dk_rot, cos, sin)
+    douts = tuple(jnp.zeros(ct.shape, ct.dtype) if isinstance(ct, SymbolicZero) else ct for ct in cotangents)
+    # The cotangents are dead after the launch unless the tables' gradients need them too.
+    dead = saved_inputs is None
+    transposed = _launcher(len(douts), interleaved, sections, True, implementation, alias_cotangents=dead)
+    if dead:
+        return transposed(*douts, cos, sin), None, None
     _, pullback = jax.vjp(
-        lambda cos, sin: apply_rotary_pos_emb_reference(*saved_inputs, cos, sin, interleaved=interleaved), cos, sin
+        lambda cos, sin: rotation_reference(saved_inputs, cos, sin, interleaved=interleaved, sections=sections),
+        cos,
+        sin,
     )
-    dcos, dsin = pullback((dq_rot, dk_rot))
-    return dq, dk, dcos, dsin
+    dcos, dsin = pullback(douts)
+    return transposed(*douts, cos, sin), dcos, dsin
 
 
 _rope.defvjp(_rope_fwd, _rope_bwd, symbolic_zeros=True)
 
 
 @functools.cache
-def _launcher(interleaved, transpose, implementation, alias_cotangents=False):
-    """``(q [..., Hq, D], k [..., Hkv, D], cos, sin) -> (q_out, k_out)`` through the kernel, vmap-able.
+def _launcher(n_tensors, interleaved, sections, transpose, implementation, alias_cotangents=False):
+    """``(x [..., H, D] (one or two of them), cos, sin) -> rotated xs`` through the kernel, vmap-able.
 
-    q and k share their leading (token) axes, which end with cos's leading axes; token t uses table row
-    ``t % cos_rows``. With ``alias_cotangents`` the outputs reuse q's and k's buffers (dead cotangents).
+    The tensors share their leading (token) axes, which end with the tables' leading axes (after the plane axis
+    with ``sections``); token t uses table row ``t % cos_rows``. With ``alias_cotangents`` the outputs reuse the
+    inputs' buffers (dead cotangents).
     """
     from liger_jax.kernels import rope as kernels
 
-    def rotate(q, k, cos, sin):
-        *_, q_heads, head_dim = q.shape
-        k_heads = k.shape[-2]
-        n_tokens = q.size // (q_heads * head_dim)
-        block_pairs = _tiling.next_power_of_2(head_dim // 2)
-        q_out, k_out = runtime.launch(
-            kernels.rope,
-            q.reshape(n_tokens, q_heads, head_dim),
-            k.reshape(n_tokens, k_heads, head_dim),
-            cos.reshape(-1, head_dim),
-            sin.reshape(-1, head_dim),
-            cos.size // head_dim,
-            out_shape=(
-                jax.ShapeDtypeStruct((n_tokens, q_heads, head_dim), q.dtype),
-                jax.ShapeDtypeStruct((n_tokens, k_heads, head_dim), k.dtype),
-            ),
+    def rotate_tensors(*arrays):
+        *tensors, cos, sin = arrays
+        head_dim, width = tensors[0].shape[-1], cos.shape[-1]
+        n_tokens = tensors[0].size // (tensors[0].shape[-2] * head_dim)
+        planes = 1 if sections is None else N_SECTIONS
+        section_t, section_h = (width // 2, 0) if sections is None else sections[:2]
+        block_pairs = _tiling.next_power_of_2(width // 2)
+        flat = [x.reshape(n_tokens, x.shape[-2], head_dim) for x in tensors]
+        outputs = runtime.launch(
+            kernels.rope if n_tensors == 2 else kernels.rope_one,
+            *flat,
+            cos.reshape(planes, -1, width),
+            sin.reshape(planes, -1, width),
+            cos.size // (planes * width),
+            out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in flat),
             grid=(n_tokens,),
             implementation=implementation,
             num_warps=_NUM_WARPS,
-            input_output_aliases={0: 0, 1: 1} if alias_cotangents else None,
-            N_Q_HEADS=q_heads,
-            N_K_HEADS=k_heads,
+            input_output_aliases={i: i for i in range(n_tensors)} if alias_cotangents else None,
             HEAD_DIM=head_dim,
+            ROTARY_DIM=width,
             INTERLEAVED=interleaved,
             TRANSPOSE=transpose,
+            SECTION_T=section_t,
+            SECTION_H=section_h,
             BLOCK_PAIRS=block_pairs,
-            BLOCK_Q_HEADS=_block_heads(q_heads, block_pairs),
-            BLOCK_K_HEADS=_block_heads(k_heads, block_pairs),
+            # 1 when no feature passes through: the kernel then compiles the pass-through copy out.
+            BLOCK_PASS=_tiling.next_power_of_2(max(head_dim - width, 1)),
+            **_head_constexprs(flat, block_pairs),
         )
-        return q_out.reshape(q.shape), k_out.reshape(k.shape)
+        return tuple(out.reshape(x.shape) for out, x in zip(outputs, tensors, strict=True))
 
-    sharded = partitioned(rotate, _sharding_rule, replicated=("d", "broadcast0", "broadcast1"))
-    return vmap_over_rows(sharded, row_argnums=(0, 1), reduces_rows=False)
+    sharded = partitioned(
+        rotate_tensors,
+        functools.partial(_sharding_rule, n_tensors, sections is not None),
+        replicated=("d", "r", "plane", "b0", "b1"),
+    )
+    return vmap_over_rows(sharded, row_argnums=tuple(range(n_tensors)), reduces_rows=False)
 
 
-def _sharding_rule(q, k, cos, sin) -> str:
-    """Tokens and heads may be sharded, D stays whole; the tables share q's trailing token axes (a 1 broadcasts)."""
+def _head_constexprs(flat, block_pairs) -> dict[str, int]:
+    """The kernels' head counts and head tiles: ``N_Q_HEADS``/``N_K_HEADS`` for two tensors, ``N_HEADS`` for one."""
+    names = ("Q_HEADS", "K_HEADS") if len(flat) == 2 else ("HEADS",)
+    counts = {f"N_{name}": x.shape[1] for name, x in zip(names, flat, strict=True)}
+    return counts | {
+        f"BLOCK_{name}": _block_heads(x.shape[1], block_pairs) for name, x in zip(names, flat, strict=True)
+    }
+
+
+def _sharding_rule(n_tensors, has_planes, *arrays) -> str:
+    """Tokens and heads may be sharded, D stays whole; the tables share q's trailing token axes (a 1 broadcasts)
+    after their plane axis, if any."""
+    q, cos = arrays[0], arrays[n_tensors]
     tokens = [f"t{i}" for i in range(q.ndim - 2)]
-    offset = len(tokens) - (cos.ndim - 1)
-    table = [tokens[offset + i] if n == q.shape[offset + i] else f"broadcast{i}" for i, n in enumerate(cos.shape[:-1])]
-    q_axes, k_axes, table_axes = " ".join([*tokens, "h", "d"]), " ".join([*tokens, "g", "d"]), " ".join([*table, "d"])
-    return f"{q_axes}, {k_axes}, {table_axes}, {table_axes} -> {q_axes}, {k_axes}"
+    table_tokens = cos.shape[int(has_planes) : -1]
+    offset = len(tokens) - len(table_tokens)
+    table = [tokens[offset + i] if n == q.shape[offset + i] else f"b{i}" for i, n in enumerate(table_tokens)]
+    operands = [" ".join([*tokens, head, "d"]) for head in ("h", "g")[:n_tensors]]
+    table_axes = " ".join(["plane"] * has_planes + table + ["r"])
+    return f"{', '.join(operands)}, {table_axes}, {table_axes} -> {', '.join(operands)}"
 
 
 def _block_heads(n_heads: int, block_pairs: int) -> int:

@@ -23,8 +23,7 @@ settings as arguments. Swapping that function keeps every line of Tunix's attent
 rewrite would copy about a hundred lines per family and drift from Tunix with each release. The patch is set and
 undone around each call, under a lock (it matters while jit traces the call). A thread that runs an unswapped Tunix
 attention of the same family at that moment also gets liger's rotation, which computes the same values. Tunix
-rotates q and k in two calls; the kernel rotates a q and a k together, so each call gives it a one-head zero tensor
-as the k (extra traffic: one head out of the tensor's heads).
+rotates q and k in two calls, each one launch of the kernel on one tensor.
 """
 
 from __future__ import annotations
@@ -270,9 +269,7 @@ def rotate_half(
         The rotated ``x``, its shape and dtype; computed in fp32, rounded once.
     """
     cos, sin = (jnp.concatenate([table, table], axis=-1) for table in (cos, sin))
-    # The kernel rotates a q and a k together; the k here is one head of zeros, and carries no gradient.
-    zero_head = jnp.zeros((*x.shape[:-2], 1, x.shape[-1]), x.dtype)
-    rotated, _ = apply_rotary_pos_emb(x, zero_head, cos, sin, implementation=implementation)
+    rotated, _ = apply_rotary_pos_emb(x, None, cos, sin, implementation=implementation)
     return rotated
 
 

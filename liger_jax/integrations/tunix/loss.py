@@ -120,13 +120,8 @@ def peft_loss_fn(
         ValueError: the head's LoRA parameters (``nnx.LoRAParam``) would be skipped.
     """
     family = _family(model)
-    head = _head_module(model, family)
-    if jax.tree.leaves(nnx.state(head, nnx.LoRAParam)):
-        raise ValueError(f"peft_loss_fn reads the LM head's weight directly; LoRA on {type(head).__name__} is unseen")
+    weight, layout, head_dtype = lm_head_weight(model, family)
     hidden = _final_hidden_states(model, family, input_tokens, positions, attention_mask, images)
-    tied = head is model.embedder
-    weight = head.input_embedding[...] if tied else head.w[...]
-    head_dtype = family.head_dtype(head)
     if head_dtype is not None:
         hidden, weight = hidden.astype(head_dtype), weight.astype(head_dtype)
     target_mask = input_mask[:, 1:]
@@ -140,10 +135,25 @@ def peft_loss_fn(
         ignore_index=IGNORE_INDEX,
         softcap=family.softcap(model),
         reduction="sum",
-        weight_layout="vh" if tied else "hv",
+        weight_layout=layout,
         implementation=implementation,
     )
     return total * (1 / (jnp.sum(target_mask) + 1e-8))
+
+
+def lm_head_weight(model: nnx.Module, family: _Family) -> tuple[jax.Array, str, Any]:
+    """``(weight, weight_layout, dtype)``: the LM head's ``[D, V]`` kernel (``"hv"``) or tied ``[V, D]`` embedding
+    table (``"vh"``), and the dtype the head casts its operands to (None: it casts nothing).
+
+    Raises:
+        ValueError: the head has LoRA parameters (``nnx.LoRAParam``), which reading its weight would skip.
+    """
+    head = _head_module(model, family)
+    if jax.tree.leaves(nnx.state(head, nnx.LoRAParam)):
+        raise ValueError(f"liger_jax reads the LM head's weight directly; LoRA on {type(head).__name__} is unseen")
+    tied = head is model.embedder
+    weight = head.input_embedding[...] if tied else head.w[...]
+    return weight, ("vh" if tied else "hv"), family.head_dtype(head)
 
 
 def _family(model: nnx.Module) -> _Family:

@@ -1,0 +1,251 @@
+"""GroupNorm kernels, channels last: y = (x - mean_g) · rstd_g · scale + bias, statistics per example and group.
+
+x is ``[n_batch, n_tokens, n_channels]`` (an example's spatial axes flattened into tokens); group g of an example is
+its ``n_tokens × GROUP_SIZE`` block of channels ``[g · GROUP_SIZE, (g + 1) · GROUP_SIZE)``. One program takes one
+example and GROUPS_PER_BLOCK adjacent groups: each token's slice of them is one contiguous run of channels (BLOCK_C,
+a power of two ≥ GROUPS_PER_BLOCK · GROUP_SIZE, its tail masked), and the program walks the tokens in chunks of
+BLOCK_S. Everything is fp32; y and dx are rounded once.
+
+Statistics are exact and stable: each chunk's per-channel mean and centred sum of squares are merged into the running
+ones with Chan et al.'s update, then a group's channels (equal counts) are merged the same way. Per-group values are
+spread over the channels and back with a ``[GROUPS_PER_BLOCK, BLOCK_C]`` membership mask, so GROUP_SIZE needs not be
+a power of two.
+
+When all tokens fit one chunk (``n_tokens <= BLOCK_S``) the block is read once and kept in registers: one pass over
+the group's data. Otherwise a second pass walks the chunks from the last one back (the most recently read chunks,
+the likeliest to be still in L2, first). The backward's first pass sums dy · x̂ and dy per channel (dscale's and
+dbias's per-example partials, and the group sums dx needs), its second writes dx.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _block_channels(
+    block, n_channels: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    """The channel indices [BLOCK_C] of ``block`` and which of them are its own: BLOCK_C is rounded up to a power
+    of two (its tail belongs to the next block), and the last block may pass the last channel."""
+    local = tl.arange(0, BLOCK_C)
+    channels = block * GROUPS_PER_BLOCK * GROUP_SIZE + local
+    return channels, (local < GROUPS_PER_BLOCK * GROUP_SIZE) & (channels < n_channels)
+
+
+@triton.jit
+def _chunk(batch, first_token, channels, own, n_tokens: tl.constexpr, n_channels: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Offsets [BLOCK_S, BLOCK_C] (int64) and the in-bounds mask of the chunk of tokens from ``first_token`` of the
+    block's ``channels`` (``own`` as :func:`_block_channels` gives them) in example ``batch``."""
+    tokens = first_token + tl.arange(0, BLOCK_S)
+    offsets = (batch.to(tl.int64) * n_tokens + tokens[:, None]) * n_channels + channels[None, :]
+    return offsets, (tokens[:, None] < n_tokens) & own[None, :]
+
+
+@triton.jit
+def _membership(GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+    """[GROUPS_PER_BLOCK, BLOCK_C]: whether channel c of the block belongs to group j of the block."""
+    return (tl.arange(0, BLOCK_C)[None, :] // GROUP_SIZE) == tl.arange(0, GROUPS_PER_BLOCK)[:, None]
+
+
+@triton.jit
+def _per_group(values, membership):
+    """Σ over each group's channels of per-channel ``values`` [BLOCK_C] fp32: [GROUPS_PER_BLOCK]."""
+    return tl.sum(tl.where(membership, values[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _per_channel(values, membership):
+    """Each channel's group's value, from per-group ``values`` [GROUPS_PER_BLOCK]: [BLOCK_C]."""
+    return tl.sum(tl.where(membership, values[:, None], 0.0), axis=0)
+
+
+@triton.jit
+def _merged_moments(mean, centred_squares, x, mask, first_token, n_tokens: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Per-channel running fp32 ``mean`` and ``centred_squares`` [BLOCK_C] of the tokens before ``first_token``,
+    merged with the chunk ``x`` [BLOCK_S, BLOCK_C] fp32 (Chan et al.; every earlier chunk is full)."""
+    seen = tl.cast(first_token, tl.float32)
+    count = tl.cast(tl.minimum(n_tokens - first_token, BLOCK_S), tl.float32)
+    chunk_mean = tl.sum(x, axis=0) / count
+    # Masked tokens would contribute (0 - mean)²: zero them.
+    centred = tl.where(mask, x - chunk_mean[None, :], 0.0)
+    delta = chunk_mean - mean
+    mean += delta * (count / (seen + count))
+    centred_squares += tl.sum(centred * centred, axis=0) + delta * delta * (seen * count / (seen + count))
+    return mean, centred_squares
+
+
+@triton.jit
+def _group_statistics(
+    channel_mean, channel_squares, membership, eps: tl.constexpr, n_tokens: tl.constexpr, GROUP_SIZE: tl.constexpr
+):
+    """Each group's fp32 (mean, rstd) [GROUPS_PER_BLOCK] from its channels' means and centred sums of squares over
+    n_tokens tokens: the channels' counts are equal, so the group mean is their mean and the group's centred sum of
+    squares adds n_tokens · (channel mean - group mean)² per channel."""
+    mean = _per_group(channel_mean, membership) / GROUP_SIZE
+    spread = channel_mean[None, :] - mean[:, None]
+    squares = _per_group(channel_squares, membership) + n_tokens * tl.sum(
+        tl.where(membership, spread * spread, 0.0), axis=1
+    )
+    return mean, 1.0 / tl.sqrt(squares / (n_tokens * GROUP_SIZE) + eps)
+
+
+@triton.jit
+def _store_group_values(ptr, values, batch, block, n_groups: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+    """Stores per-group ``values`` [GROUPS_PER_BLOCK] at ``ptr[batch, group]`` of a [n_batch, n_groups] array."""
+    groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
+    tl.store(ptr + batch.to(tl.int64) * n_groups + groups, values, mask=groups < n_groups)
+
+
+@triton.jit
+def _load_group_values(ptr, batch, block, n_groups: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+    """Per-group values [GROUPS_PER_BLOCK] fp32 of ``ptr[batch, group]`` (0 past the last group)."""
+    groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
+    return tl.load(ptr + batch.to(tl.int64) * n_groups + groups, mask=groups < n_groups, other=0.0)
+
+
+@triton.jit
+def _load_channels(ptr, channels, n_channels: tl.constexpr):
+    """A per-channel param [BLOCK_C] in fp32 (0 past the last channel)."""
+    return tl.load(ptr + channels, mask=channels < n_channels, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_y(x, mean, rstd, scale, bias, y_ptr, offsets, mask):
+    """Stores y of a chunk ``x`` [BLOCK_S, BLOCK_C] fp32 given per-channel fp32 mean, rstd, scale and bias."""
+    y = (x - mean[None, :]) * (rstd * scale)[None, :] + bias[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def group_norm_fwd(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    bias_ptr,  # [n_channels] bias.dtype
+    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    eps: tl.constexpr,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Program (b, k) normalises groups [k · GROUPS_PER_BLOCK, (k + 1) · GROUPS_PER_BLOCK) of example b; it stores
+    their y and each group's fp32 mean and rstd."""
+    batch, block = tl.program_id(0), tl.program_id(1)
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
+    channel_mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    channel_squares = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if n_tokens <= BLOCK_S:
+        offsets, mask = _chunk(batch, 0, channels, own, n_tokens, n_channels, BLOCK_S)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        channel_mean, channel_squares = _merged_moments(channel_mean, channel_squares, x, mask, 0, n_tokens, BLOCK_S)
+        mean, rstd = _group_statistics(channel_mean, channel_squares, membership, eps, n_tokens, GROUP_SIZE)
+        _store_y(x, _per_channel(mean, membership), _per_channel(rstd, membership), scale, bias, y_ptr, offsets, mask)
+    else:
+        for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
+            offsets, mask = _chunk(batch, chunk * BLOCK_S, channels, own, n_tokens, n_channels, BLOCK_S)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            channel_mean, channel_squares = _merged_moments(
+                channel_mean, channel_squares, x, mask, chunk * BLOCK_S, n_tokens, BLOCK_S
+            )
+        mean, rstd = _group_statistics(channel_mean, channel_squares, membership, eps, n_tokens, GROUP_SIZE)
+        channel_group_mean, channel_rstd = _per_channel(mean, membership), _per_channel(rstd, membership)
+        for step in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
+            first_token = ((n_tokens + BLOCK_S - 1) // BLOCK_S - 1 - step) * BLOCK_S
+            offsets, mask = _chunk(batch, first_token, channels, own, n_tokens, n_channels, BLOCK_S)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            _store_y(x, channel_group_mean, channel_rstd, scale, bias, y_ptr, offsets, mask)
+    _store_group_values(mean_ptr, mean, batch, block, n_groups, GROUPS_PER_BLOCK)
+    _store_group_values(rstd_ptr, rstd, batch, block, n_groups, GROUPS_PER_BLOCK)
+
+
+@triton.jit
+def _store_dx(dy, x, mean, rstd, scale, sum_dy_xhat, sum_dy, dx_ptr, offsets, mask):
+    """Stores dx = rstd · (scale · dy - x̂ · mean_g(scale · dy · x̂) - mean_g(scale · dy)) of a chunk (dy and x
+    [BLOCK_S, BLOCK_C] fp32); every other argument is per channel [BLOCK_C] fp32, the group means spread over it."""
+    x_hat = (x - mean[None, :]) * rstd[None, :]
+    dx = rstd[None, :] * (scale[None, :] * dy - x_hat * sum_dy_xhat[None, :] - sum_dy[None, :])
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_means(scale, sum_dy_xhat, sum_dy, membership, count: tl.constexpr):
+    """mean_g(scale · dy · x̂) and mean_g(scale · dy) over each group's ``count`` elements, spread over its channels
+    [BLOCK_C], from the per-channel sums of dy · x̂ and dy."""
+    mean_dy_xhat = _per_channel(_per_group(scale * sum_dy_xhat, membership) / count, membership)
+    return mean_dy_xhat, _per_channel(_per_group(scale * sum_dy, membership) / count, membership)
+
+
+@triton.jit
+def _store_partials(dscale_ptr, dbias_ptr, sum_dy_xhat, sum_dy, batch, channels, own, n_channels: tl.constexpr):
+    """Stores the block's per-channel Σ dy · x̂ and Σ dy [BLOCK_C] fp32 into row ``batch`` of the partials."""
+    partial_offsets = batch.to(tl.int64) * n_channels + channels
+    tl.store(dscale_ptr + partial_offsets, sum_dy_xhat, mask=own)
+    tl.store(dbias_ptr + partial_offsets, sum_dy, mask=own)
+
+
+@triton.jit
+def _load_chunk(dy_ptr, x_ptr, offsets, mask):
+    """dy and x of a chunk in fp32 (0 where masked)."""
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    return dy, x
+
+
+@triton.jit
+def group_norm_bwd(
+    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    dx_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    dscale_partial_ptr,  # [n_batch, n_channels] fp32: Σ over the example's tokens of dy · x̂
+    dbias_partial_ptr,  # [n_batch, n_channels] fp32: Σ over the example's tokens of dy
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Program (b, k) writes dx of its groups of example b (see ``_store_dx``) and their channels' per-example
+    partial sums of dscale and dbias (XLA adds the examples: deterministic, no atomics)."""
+    batch, block = tl.program_id(0), tl.program_id(1)
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    scale = _load_channels(scale_ptr, channels, n_channels)
+    mean = _per_channel(_load_group_values(mean_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
+    rstd = _per_channel(_load_group_values(rstd_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
+    count = n_tokens * GROUP_SIZE
+    if n_tokens <= BLOCK_S:
+        # One chunk: read once, kept in registers for dx.
+        offsets, mask = _chunk(batch, 0, channels, own, n_tokens, n_channels, BLOCK_S)
+        dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
+        sum_dy_xhat = tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
+        sum_dy = tl.sum(dy, axis=0)
+        _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, batch, channels, own, n_channels)
+        mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, count)
+        _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)
+    else:
+        sum_dy_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        sum_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
+            offsets, mask = _chunk(batch, chunk * BLOCK_S, channels, own, n_tokens, n_channels, BLOCK_S)
+            dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
+            sum_dy_xhat += tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
+            sum_dy += tl.sum(dy, axis=0)
+        _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, batch, channels, own, n_channels)
+        mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, count)
+        for step in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
+            first_token = ((n_tokens + BLOCK_S - 1) // BLOCK_S - 1 - step) * BLOCK_S
+            offsets, mask = _chunk(batch, first_token, channels, own, n_tokens, n_channels, BLOCK_S)
+            dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
+            _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)

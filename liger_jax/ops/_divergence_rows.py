@@ -1,0 +1,278 @@
+"""Per-row divergences shared by ``kl_div``, ``jsd`` and ``tvd`` (and the fused linear losses built on them).
+
+A divergence of two ``[..., V]`` operands, ``input`` (what gets the gradient) and ``target`` (what gets none), is a
+sum over V of per-element terms; :class:`Divergence` says which terms (the kernels' docstring,
+``liger_jax.kernels.divergence``, has the formulas) and which rows are ignored. Everything here maps the operands to
+fp32 per-row losses (or per-element terms, ``elementwise``), and on request to ``grad_scale[row] · d(row loss)/dinput``
+computed in the same pass, as Liger does. Reductions over rows happen outside, in XLA (the count of non-ignored rows
+is a traced value), and so does the scaling by the loss's cotangent in the backward pass (:func:`reduced_loss`).
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from liger_jax import runtime
+from liger_jax.ops import _checks, _tiling
+from liger_jax.ops._batching import vmap_over_rows
+from liger_jax.ops._partitioning import partitioned
+
+# Vocabulary block on GPUs: each element reads two operands, so 4096 classes per block keep a program's registers at
+# cross-entropy's 8192 one-operand block (unmeasured for these kernels until the H200 benchmarks run).
+MAX_BLOCK_V = 4096
+# The interpreter (CPU tests) runs a block as numpy vectors: small blocks make test vocabularies of a few hundred
+# classes span several blocks, the last one partial.
+INTERPRETER_MAX_BLOCK_V = 128
+_KERNEL_CODES = {"kl_div": 0, "jsd": 1, "tvd": 2}
+REDUCTIONS = ("batchmean", "sum", "mean", "none")
+
+# Per-element reference terms: (input, target, divergence) -> [..., V] in the operands' (promoted) dtype.
+Terms = Callable[[jax.Array, jax.Array, "Divergence"], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The static (hashable) settings of a divergence call.
+
+    Attributes:
+        kind: ``"kl_div"``, ``"jsd"`` or ``"tvd"``.
+        terms: the per-element reference terms in plain jax.numpy (the ``"xla"`` implementation and the oracle).
+        implementation: ``"triton"``, ``"interpret"`` or ``"xla"``.
+        beta: the JSD's β.
+        log_target: whether KL's target holds log-probabilities.
+        eps: the floor of KL's target probabilities under the log.
+        ignore_index: the label of ignored rows, when ``has_labels``.
+        has_labels: whether rows come with labels (else every row counts).
+        elementwise: per-element terms (reduction ``"none"`` of kl_div and tvd) rather than per-row sums.
+    """
+
+    kind: str
+    terms: Terms
+    implementation: str
+    beta: float = 0.5
+    log_target: bool = False
+    eps: float = 1e-10
+    ignore_index: int = -100
+    has_labels: bool = False
+    elementwise: bool = False
+
+
+def check_operands(input_name: str, input, target_name: str, target, implementation: str) -> None:
+    """Both operands float (kernel dtypes, or float64 under ``"xla"``), rank ≥ 1, the same shape, V ≥ 1.
+
+    Raises:
+        TypeError: an operand is not floating point.
+        ValueError: rank 0, different shapes, or no classes.
+    """
+    _checks.check_floating(input_name, input, implementation)
+    _checks.check_floating(target_name, target, implementation)
+    _checks.check_min_rank(input_name, input, 1)
+    _checks.check_shape(target_name, target, input.shape, f"the shape of {input_name}")
+    if input.shape[-1] < 1:
+        raise ValueError(f"{input_name} must have at least one class on its last axis, got shape {input.shape}")
+
+
+def check_row_labels(labels, input_shape, ignore_index) -> None:
+    """``labels`` None or integers of shape ``input_shape[:-1]``; ``ignore_index`` an int.
+
+    Only ``labels == ignore_index`` is read (which rows count), so label values are not range-checked.
+
+    Raises:
+        TypeError: labels are not integers, or ignore_index is not an int.
+        ValueError: labels do not have the leading shape of the input.
+    """
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    if labels is None:
+        return
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"labels must have an integer dtype, got {labels.dtype}")
+    _checks.check_shape("labels", labels, input_shape[:-1], "the leading axes of input")
+
+
+def row_labels(labels: jax.Array | None, input_shape) -> jax.Array:
+    """``labels``, or int32 zeros of the rows' shape when there are none (``has_labels=False`` never reads them)."""
+    return jnp.zeros(input_shape[:-1], jnp.int32) if labels is None else labels
+
+
+def counted_rows(labels: jax.Array, divergence: Divergence) -> jax.Array:
+    """The number of rows that count (not ignored), a float32 scalar, at least 1 so every normalisation is defined
+    (a batch of ignored rows sums to 0 and stays 0)."""
+    if divergence.has_labels:
+        count = jnp.sum(labels != divergence.ignore_index, dtype=jnp.float32)
+    else:
+        count = jnp.float32(labels.size)
+    return jnp.maximum(count, 1.0)
+
+
+def reduction_scale(labels: jax.Array, n_cols: int, reduction: str, divergence: Divergence) -> jax.Array:
+    """d(reduced loss)/d(row loss), a float32 scalar: Liger's normalisations by the counted rows (``batchmean``)
+    and by the counted elements (``mean``); 1 for ``sum`` and ``none``."""
+    match reduction:
+        case "batchmean":
+            return 1.0 / counted_rows(labels, divergence)
+        case "mean":
+            return 1.0 / (counted_rows(labels, divergence) * n_cols)
+        case "sum" | "none":
+            return jnp.float32(1.0)
+        case _:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def reduce(losses: jax.Array, labels: jax.Array, n_cols: int, reduction: str, divergence: Divergence) -> jax.Array:
+    """Row losses (or elementwise terms for ``none``) reduced as ``reduction`` says."""
+    if reduction == "none":
+        return losses
+    return jnp.sum(losses) * reduction_scale(labels, n_cols, reduction, divergence).astype(losses.dtype)
+
+
+def reference_losses(input: jax.Array, target: jax.Array, labels: jax.Array, divergence: Divergence) -> jax.Array:
+    """Per-row losses ``[...]`` (per-element terms ``[..., V]`` when ``elementwise``) in plain jax.numpy, computed in
+    ``promote(dtypes, float32)``; ignored rows give 0. The target gets no gradient."""
+    compute = jnp.promote_types(jnp.promote_types(input.dtype, target.dtype), jnp.float32)
+    terms = divergence.terms(input.astype(compute), jax.lax.stop_gradient(target).astype(compute), divergence)
+    losses = terms if divergence.elementwise else jnp.sum(terms, axis=-1)
+    if not divergence.has_labels:
+        return losses
+    ignored = labels == divergence.ignore_index
+    return jnp.where(ignored[..., None] if divergence.elementwise else ignored, 0.0, losses)
+
+
+def reduced_reference(input, target, labels, divergence: Divergence, reduction: str) -> jax.Array:
+    """:func:`reference_losses` reduced as ``reduction`` says: the ``"xla"`` implementation of a divergence op."""
+    return reduce(reference_losses(input, target, labels, divergence), labels, input.shape[-1], reduction, divergence)
+
+
+def weighted(weight: jax.Array, value: jax.Array) -> jax.Array:
+    """``weight · value``, 0 where ``weight`` is 0 (0 · log 0 = 0), without a NaN gradient from a discarded
+    infinite ``value``: the reference terms' form of the kernels' convention."""
+    zero = weight == 0.0
+    return jnp.where(zero, 0.0, weight * jnp.where(zero, 0.0, value))
+
+
+def row_losses(divergence: Divergence):
+    """``(input [..., V], target [..., V], labels [...]) -> losses`` fp32 (``[..., V]`` when ``elementwise``)."""
+    if divergence.implementation == "xla":
+        return functools.partial(reference_losses, divergence=divergence)
+    return _kernel_losses(divergence)
+
+
+def row_losses_and_grads(divergence: Divergence):
+    """``(input, target, labels, grad_scale [...] fp32) -> (losses, dinput)``.
+
+    ``dinput`` (input.dtype) is ``grad_scale[row] · d(row loss)/dinput``, 0 on ignored rows: the gradient of
+    ``Σ grad_scale · losses`` (of each element's term times its row's scale, when ``elementwise``).
+    """
+    if divergence.implementation == "xla":
+        return functools.partial(_reference_losses_and_grads, divergence=divergence)
+    return _kernel_losses_and_grads(divergence)
+
+
+def _reference_losses_and_grads(input, target, labels, grad_scale, divergence):
+    losses, pullback = jax.vjp(lambda input: reference_losses(input, target, labels, divergence), input)
+    scale = grad_scale[..., None] if divergence.elementwise else grad_scale
+    (dinput,) = pullback(jnp.broadcast_to(scale.astype(losses.dtype), losses.shape))
+    return losses, dinput
+
+
+def _loss_shape(n_rows: int, n_cols: int, divergence: Divergence) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((n_rows, n_cols) if divergence.elementwise else (n_rows,), jnp.float32)
+
+
+def _launch(kernel, divergence: Divergence, input, target, row_operands, out_shape):
+    """``kernel`` over ``input``/``target`` ``[..., V]`` seen as rows, ``row_operands`` ``[...]`` flattened alike."""
+    n_cols = input.shape[-1]
+    limit = INTERPRETER_MAX_BLOCK_V if divergence.implementation == "interpret" else MAX_BLOCK_V
+    block_v = min(limit, _tiling.next_power_of_2(n_cols))
+    # Short rows share a program so each still moves a few thousand elements.
+    block_rows = _tiling.rows_per_tile(block_v)
+    n_rows = int(np.prod(input.shape[:-1]))
+    return runtime.launch(
+        kernel,
+        input.reshape(n_rows, n_cols),
+        target.reshape(n_rows, n_cols),
+        *(operand.reshape(n_rows) for operand in row_operands),
+        n_rows,
+        out_shape=out_shape,
+        grid=(_tiling.cdiv(n_rows, block_rows),),
+        implementation=divergence.implementation,
+        # 32 fp32 values per thread per operand, at least 4 warps.
+        num_warps=max(4, min(32, block_rows * block_v // 1024)),
+        n_cols=n_cols,
+        ignore_index=int(divergence.ignore_index),
+        DIVERGENCE=_KERNEL_CODES[divergence.kind],
+        beta=float(divergence.beta),
+        log_target=bool(divergence.log_target),
+        eps=float(divergence.eps),
+        HAS_LABELS=divergence.has_labels,
+        ELEMENTWISE=divergence.elementwise,
+        BLOCK_ROWS=block_rows,
+        BLOCK_V=block_v,
+        NUM_V_BLOCKS=_tiling.cdiv(n_cols, block_v),
+    )
+
+
+def _loss_factors(divergence: Divergence) -> str:
+    return "... v" if divergence.elementwise else "..."
+
+
+@functools.cache
+def _kernel_losses(divergence: Divergence):
+    from liger_jax.kernels import divergence as kernels
+
+    def losses(input, target, labels):
+        out_shape = _loss_shape(labels.size, input.shape[-1], divergence)
+        loss = _launch(kernels.divergence_loss, divergence, input, target, (labels,), out_shape)
+        return loss.reshape(input.shape if divergence.elementwise else labels.shape)
+
+    # Rows shard freely; each launch needs its rows whole.
+    sharded = partitioned(losses, f"... v, ... v, ... -> {_loss_factors(divergence)}", replicated=("v",))
+    return vmap_over_rows(sharded, row_argnums=(0, 1, 2), reduces_rows=False)
+
+
+@functools.cache
+def _kernel_losses_and_grads(divergence: Divergence):
+    from liger_jax.kernels import divergence as kernels
+
+    def losses_and_grads(input, target, labels, grad_scale):
+        n_rows, n_cols = labels.size, input.shape[-1]
+        out_shape = (_loss_shape(n_rows, n_cols, divergence), jax.ShapeDtypeStruct((n_rows, n_cols), input.dtype))
+        operands = (labels, grad_scale.astype(jnp.float32))
+        loss, dinput = _launch(kernels.divergence_loss_and_grad, divergence, input, target, operands, out_shape)
+        return loss.reshape(input.shape if divergence.elementwise else labels.shape), dinput.reshape(input.shape)
+
+    rule = f"... v, ... v, ..., ... -> {_loss_factors(divergence)}, ... v"
+    sharded = partitioned(losses_and_grads, rule, replicated=("v",))
+    return vmap_over_rows(sharded, row_argnums=(0, 1, 2, 3), reduces_rows=False)
+
+
+def reduced_loss(input, target, labels, divergence: Divergence, reduction: str) -> jax.Array:
+    """The reduced divergence, differentiable in ``input``: its gradient is computed with the loss in one pass
+    (Liger's scheme) and scaled by the cotangent in the backward pass; ``target`` and ``labels`` get none."""
+    if input.size == 0:
+        return reduced_reference(input, target, labels, divergence, reduction)
+    return _reduced_loss(input, target, labels, divergence, reduction)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _reduced_loss(input, target, labels, divergence, reduction):
+    losses = row_losses(divergence)(input, target, labels)
+    return reduce(losses, labels, input.shape[-1], reduction, divergence)
+
+
+def _reduced_loss_fwd(input, target, labels, divergence, reduction):
+    scale = reduction_scale(labels, input.shape[-1], reduction, divergence)
+    losses, dinput = row_losses_and_grads(divergence)(input, target, labels, jnp.broadcast_to(scale, labels.shape))
+    return reduce(losses, labels, input.shape[-1], reduction, divergence), dinput
+
+
+def _reduced_loss_bwd(divergence, reduction, dinput, cotangent):
+    del divergence, reduction
+    return (cotangent.astype(jnp.float32) * dinput.astype(jnp.float32)).astype(dinput.dtype), None, None
+
+
+_reduced_loss.defvjp(_reduced_loss_fwd, _reduced_loss_bwd)

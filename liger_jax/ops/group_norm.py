@@ -1,0 +1,253 @@
+"""GroupNorm, channels last: reference, Triton launches, custom_vjp."""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from liger_jax import runtime
+from liger_jax.ops import _checks, _dispatch
+from liger_jax.ops._batching import vmap_over_rows
+from liger_jax.ops._partitioning import partitioned
+from liger_jax.ops._tiling import cdiv, next_power_of_2
+
+# A program's block of groups spans at least this many channels, so each token's slice of it is one contiguous run
+# of at least 128 bytes (bf16): whole cache lines, however few channels a group has.
+MIN_BLOCK_CHANNELS = 64
+# Tokens are walked in chunks of about this many elements: 32 KB of bf16 per load keeps enough bytes in flight for
+# one program per SM (the target shape, 16 × 4096 tokens × 512 channels in 32 groups, makes 128 programs). A group
+# block of at most this many elements is read once and kept in registers (one pass); a longer one is read twice,
+# the second pass from the end (L2).
+CHUNK_ELEMENTS = 16384
+# 16 elements of a chunk per thread (at least 4 warps, at most 32): ptxas (sm_90, bf16, the target's 256 × 64
+# chunks at 32 warps) gives the forward 43 registers and the backward 63 of the 64 a thread may hold, no spills; 32
+# elements per thread (16 warps) spilled 224 bytes in the backward.
+ELEMENTS_PER_WARP = 512
+MAX_WARPS = 32
+# The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
+MAX_BLOCK_CHANNELS = 16384
+
+
+def group_norm(
+    x: jax.Array,
+    scale: jax.Array | None,
+    bias: jax.Array | None,
+    *,
+    num_groups: int,
+    epsilon: float = 1e-5,
+    implementation: runtime.Implementation | None = None,
+) -> jax.Array:
+    r"""Group normalisation, channels last (``flax.nnx.GroupNorm``'s layout; Liger's GroupNorm).
+
+    The channels (last axis, C) are cut into ``num_groups`` groups of ``C / num_groups`` adjacent channels; each
+    example (index of the first axis) and group is normalised over all of its positions (the axes between the
+    first and the last) and the group's channels:
+
+    .. math::
+        y = \frac{x - \mathrm{mean}_{b,g}(x)}{\sqrt{\mathrm{var}_{b,g}(x) + \epsilon}} \cdot \mathrm{scale}_c
+            + \mathrm{bias}_c
+
+    Numerics: mean and variance are exact fp32 (per-chunk two-pass moments merged with Chan et al.'s update, never
+    E[x²] - E[x]²); the normalisation, scale and bias are fp32 and ``y`` is rounded to ``x.dtype`` once. The
+    forward pass saves ``x`` and each (example, group)'s fp32 mean and rstd; the backward pass is fp32, and
+    dscale/dbias are summed from per-example fp32 partials (deterministic, no atomics).
+
+    Args:
+        x: ``[B, ..., C]`` float32, bfloat16 or float16 (float64 too under ``"xla"``), rank ≥ 2.
+        scale: ``[C]`` of any of those float dtypes, or None for no scale; dscale comes back in its dtype.
+        bias: ``[C]`` of any of those float dtypes, or None for no bias; dbias comes back in its dtype.
+        num_groups: the number of groups, a positive divisor of C.
+        epsilon: added to the variance.
+        implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for the default (see
+            :mod:`liger_jax.runtime`).
+
+    Returns:
+        ``[B, ..., C]`` array of ``x.dtype``.
+
+    Raises:
+        TypeError: x, scale or bias is not floating point, or num_groups is not an int.
+        ValueError: x has rank < 2, num_groups does not divide C, scale or bias is not ``(C,)``, or an unknown
+            implementation.
+
+    Example:
+        >>> y = liger_jax.group_norm(x, scale, bias, num_groups=32)  # x: [batch, height, width, channels]
+    """
+    implementation = _dispatch.resolve(implementation, "group_norm", np.size(x))
+    _checks.check_floating("x", x, implementation)
+    _checks.check_min_rank("x", x, 2)
+    n_channels = x.shape[-1]
+    if not isinstance(num_groups, (int, np.integer)) or isinstance(num_groups, bool):
+        raise TypeError(f"num_groups must be an int, got {num_groups!r}")
+    if num_groups < 1 or n_channels % num_groups:
+        raise ValueError(
+            f"num_groups must be a positive divisor of the channels (x.shape[-1]={n_channels}), got {num_groups}"
+        )
+    for name, weight in (("scale", scale), ("bias", bias)):
+        if weight is not None:
+            _checks.check_floating(name, weight, implementation)
+            _checks.check_shape(name, weight, (n_channels,), "the channels, the last axis of x")
+    if implementation == "xla":
+        return group_norm_reference(x, scale, bias, num_groups=num_groups, epsilon=epsilon)
+    _checks.check_max_cols("a group of x", n_channels // num_groups, MAX_BLOCK_CHANNELS)
+    if x.size == 0:
+        return jnp.zeros_like(x)
+    # A missing weight is its identity: x · 1 and x + 0 are exact in fp32, so the numerics do not change.
+    scale = jnp.ones((n_channels,), x.dtype) if scale is None else scale
+    bias = jnp.zeros((n_channels,), x.dtype) if bias is None else bias
+    tokens = x.reshape(x.shape[0], -1, n_channels)
+    return _group_norm(tokens, scale, bias, int(num_groups), float(epsilon), implementation).reshape(x.shape)
+
+
+def group_norm_reference(
+    x: jax.Array, scale: jax.Array | None, bias: jax.Array | None, *, num_groups: int, epsilon: float = 1e-5
+) -> jax.Array:
+    """GroupNorm in plain jax.numpy: the specification of :func:`group_norm` and its ``"xla"`` implementation.
+
+    Computes in ``promote(x.dtype, float32)`` (float64 inputs stay float64, the tests' exact oracle), the variance
+    as the mean of squared deviations, and rounds to ``x.dtype`` at the end. Shapes and dtypes as
+    :func:`group_norm`.
+    """
+    compute = jnp.promote_types(x.dtype, jnp.float32)
+    n_channels = x.shape[-1]
+    grouped = x.astype(compute).reshape(x.shape[0], -1, num_groups, n_channels // num_groups)
+    centred = grouped - jnp.mean(grouped, axis=(1, 3), keepdims=True)
+    variance = jnp.mean(centred * centred, axis=(1, 3), keepdims=True)
+    y = (centred * jax.lax.rsqrt(variance + epsilon)).reshape(x.shape)
+    channel_shape = (1,) * (x.ndim - 1) + (n_channels,)
+    if scale is not None:
+        y = y * scale.astype(compute).reshape(channel_shape)
+    if bias is not None:
+        y = y + bias.astype(compute).reshape(channel_shape)
+    return y.astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _group_norm(x, scale, bias, num_groups, epsilon, implementation):
+    y, _, _ = _forward(num_groups, epsilon, implementation)(x, scale, bias)
+    return y
+
+
+def _group_norm_fwd(x, scale, bias, num_groups, epsilon, implementation):
+    y, mean, rstd = _forward(num_groups, epsilon, implementation)(x, scale, bias)
+    return y, (x, scale, bias, mean, rstd)
+
+
+def _group_norm_bwd(num_groups, epsilon, implementation, residuals, dy):
+    del epsilon
+    x, scale, bias, mean, rstd = residuals
+    dx, dscale, dbias = _backward(num_groups, implementation)(dy, x, scale, mean, rstd)
+    n_channels = x.shape[-1]
+    return (
+        dx,
+        dscale.reshape(-1, n_channels).sum(axis=0).astype(scale.dtype),
+        dbias.reshape(-1, n_channels).sum(axis=0).astype(bias.dtype),
+    )
+
+
+_group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupTiling:
+    """How the kernels cut ``[n_batch, n_tokens, n_channels]``: one program per example and block of
+    ``groups_per_block`` groups (``block_c`` channels, a power of two), walking ``block_s`` tokens at a time."""
+
+    groups_per_block: int
+    block_c: int
+    block_s: int
+    num_warps: int
+
+    def grid(self, n_batch: int, num_groups: int) -> tuple[int, int]:
+        return n_batch, cdiv(num_groups, self.groups_per_block)
+
+
+def group_tiling(n_tokens: int, n_channels: int, num_groups: int) -> GroupTiling:
+    """The tiling rule: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power of two of them), walked
+    in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit)."""
+    group_size = n_channels // num_groups
+    groups_per_block = min(next_power_of_2(cdiv(MIN_BLOCK_CHANNELS, group_size)), next_power_of_2(num_groups))
+    block_c = next_power_of_2(groups_per_block * group_size)
+    block_s = max(1, min(next_power_of_2(n_tokens), CHUNK_ELEMENTS // block_c))
+    num_warps = max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
+    return GroupTiling(groups_per_block, block_c, block_s, num_warps)
+
+
+def _kernel_settings(x: jax.Array, num_groups: int) -> tuple[tuple[int, int], dict]:
+    """The grid and the shared constexprs of both kernels for ``x [..., n_tokens, n_channels]``."""
+    n_tokens, n_channels = x.shape[-2:]
+    tiling = group_tiling(n_tokens, n_channels, num_groups)
+    constexprs = {
+        "num_warps": tiling.num_warps,
+        "n_tokens": n_tokens,
+        "n_channels": n_channels,
+        "n_groups": num_groups,
+        "GROUP_SIZE": n_channels // num_groups,
+        "GROUPS_PER_BLOCK": tiling.groups_per_block,
+        "BLOCK_S": tiling.block_s,
+        "BLOCK_C": tiling.block_c,
+    }
+    return tiling.grid(math.prod(x.shape[:-2]), num_groups), constexprs
+
+
+# Examples (the leading axes) shard freely; a launch needs each example's tokens and channels whole.
+_FORWARD_RULE = "... s c, c, c -> ... s c, ... g, ... g"
+_BACKWARD_RULE = "... s c, ... s c, c, ... g, ... g -> ... s c, ... c, ... c"
+_WHOLE = ("s", "c", "g")
+
+
+@functools.cache
+def _forward(num_groups: int, epsilon: float, implementation: str):
+    """``(x [..., S, C], scale [C], bias [C]) -> (y [..., S, C] x.dtype, mean [..., G] fp32, rstd [..., G] fp32)``
+    through the kernel; sharded over and vmap-able into the leading (example) axes."""
+    from liger_jax.kernels import group_norm as kernels
+
+    def launch(x, scale, bias):
+        grid, constexprs = _kernel_settings(x, num_groups)
+        stats = jax.ShapeDtypeStruct((grid[0], num_groups), jnp.float32)
+        y, mean, rstd = runtime.launch(
+            kernels.group_norm_fwd,
+            x,
+            scale,
+            bias,
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), stats, stats],
+            grid=grid,
+            implementation=implementation,
+            eps=epsilon,
+            **constexprs,
+        )
+        lead = x.shape[:-2]
+        return y, mean.reshape(*lead, num_groups), rstd.reshape(*lead, num_groups)
+
+    return vmap_over_rows(partitioned(launch, _FORWARD_RULE, replicated=_WHOLE), row_argnums=(0,), reduces_rows=False)
+
+
+@functools.cache
+def _backward(num_groups: int, implementation: str):
+    """``(dy, x, scale, mean, rstd) -> (dx [..., S, C] x.dtype, dscale and dbias per example [..., C] fp32)``."""
+    from liger_jax.kernels import group_norm as kernels
+
+    def launch(dy, x, scale, mean, rstd):
+        grid, constexprs = _kernel_settings(x, num_groups)
+        n_channels = x.shape[-1]
+        partial = jax.ShapeDtypeStruct((grid[0], n_channels), jnp.float32)
+        dx, dscale, dbias = runtime.launch(
+            kernels.group_norm_bwd,
+            dy,
+            x,
+            scale,
+            mean,
+            rstd,
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), partial, partial],
+            grid=grid,
+            implementation=implementation,
+            **constexprs,
+        )
+        lead = x.shape[:-2]
+        return dx, dscale.reshape(*lead, n_channels), dbias.reshape(*lead, n_channels)
+
+    return vmap_over_rows(
+        partitioned(launch, _BACKWARD_RULE, replicated=_WHOLE), row_argnums=(0, 1, 3, 4), reduces_rows=False
+    )

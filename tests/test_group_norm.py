@@ -1,0 +1,270 @@
+"""GroupNorm (channels last): every implementation against the float64 reference, values and gradients; the Flax
+twins against flax's GroupNorm; sharding over the batch."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from jax.test_util import check_grads
+
+import liger_jax
+from liger_jax.flax_layers import apply_liger, liger_intercept
+from liger_jax.flax_layers import linen as liger_linen
+from liger_jax.flax_layers import nnx as liger_nnx
+from liger_jax.ops import group_norm as group_norm_op
+from tests import harness
+from tests.collectives import assert_only_small_all_reduces, compiled_collectives, mesh, nbytes, place
+
+# (x shape, num_groups): an image [B, H, W, C] with 3 groups of 4 channels (one block, its tail masked); no positions
+# (rank 2); groups of 3 channels in two blocks of 32 groups, the second partial; one example, two blocks of 4 groups
+# of 16; and 1100 tokens, more than one chunk (the last partial): two passes over the data.
+SHAPES = [((2, 5, 7, 12), 3), ((3, 24), 4), ((2, 11, 120), 40), ((1, 9, 96), 6), ((2, 1100, 16), 2)]
+SHAPE_IDS = ["image", "rank2", "group3", "two_blocks", "chunks"]
+
+
+def _inputs(seed, shape, dtype, weight_dtype=None):
+    # An offset mean: the statistics must not rely on x being centred.
+    x = harness.random_normal(seed, shape, jnp.float32) * 2.0 + 1.5
+    scale = harness.random_normal(seed + 1, shape[-1:], weight_dtype or dtype)
+    bias = harness.random_normal(seed + 2, shape[-1:], weight_dtype or dtype)
+    return x.astype(dtype), scale, bias
+
+
+def _op(implementation, num_groups, **kwargs):
+    return functools.partial(liger_jax.group_norm, num_groups=num_groups, implementation=implementation, **kwargs)
+
+
+def _reference(num_groups, **kwargs):
+    return functools.partial(liger_jax.group_norm_reference, num_groups=num_groups, **kwargs)
+
+
+def _assert_vjp_matches_reference(op, reference, primals, cotangent, dtype):
+    """Values and gradients; dscale and dbias sum over every example and position."""
+    terms = primals[0].size // primals[0].shape[-1]
+    harness.assert_vjp_matches_reference_over_sums(op, reference, primals, cotangent, dtype, {1: terms, 2: terms})
+
+
+# Every dtype on one shape, one dtype on each other shape (the chunked path is the same code in every dtype).
+CASES = [
+    pytest.param(*SHAPES[SHAPE_IDS.index(name)], dtype, id=f"{name}-{jnp.dtype(dtype).name}")
+    for name, dtypes in [
+        ("image", harness.DTYPES),
+        ("group3", (jnp.bfloat16,)),
+        ("rank2", (jnp.float32,)),
+        ("two_blocks", (jnp.float16,)),
+        ("chunks", (jnp.float32,)),
+    ]
+    for dtype in dtypes
+]
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize(("shape", "num_groups", "dtype"), CASES)
+def test_values_and_gradients_match_float64_reference(implementation, shape, num_groups, dtype):
+    primals = _inputs(len(shape) + num_groups, shape, dtype)
+    cotangent = harness.random_normal(7, shape, dtype)
+    _assert_vjp_matches_reference(_op(implementation, num_groups), _reference(num_groups), primals, cotangent, dtype)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_mixed_weight_dtypes_and_missing_weights(implementation):
+    x, scale, bias = _inputs(3, (2, 6, 32), jnp.bfloat16, weight_dtype=jnp.float32)
+    cotangent = harness.random_normal(4, x.shape, jnp.bfloat16)
+    harness.assert_vjp_matches_reference(
+        _op(implementation, 8), _reference(8), (x, scale, bias), cotangent, jnp.bfloat16
+    )
+    x64 = jnp.asarray(x, jnp.float64)
+    for s, b in ((scale, None), (None, None)):
+        harness.assert_close(_op(implementation, 8)(x, s, b), _reference(8)(x64, s, b), jnp.bfloat16)
+
+
+def test_check_grads_fp32_kernel_and_float64_reference():
+    x, scale, bias = _inputs(5, (2, 3, 16), jnp.float32)
+    check_grads(_op(harness.KERNEL_IMPLEMENTATION, 4), (x, scale, bias), order=1, modes=["rev"])
+    check_grads(_reference(4), harness.as_float64(x, scale, bias), order=1, modes=["rev"])
+
+
+def test_gradient_identities():
+    # dbias sums dy over examples and positions; dx sums to zero over each (example, group), as x - mean does.
+    x, scale, bias = _inputs(6, (3, 10, 24), jnp.float32)
+    dy = harness.random_normal(8, x.shape, jnp.float32)
+    _, (dx, _, dbias) = harness.vjp_under_jit(_op(harness.KERNEL_IMPLEMENTATION, 6), (x, scale, bias), dy)
+    np.testing.assert_allclose(dbias, dy.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+    group_sums = np.asarray(dx).reshape(3, 10, 6, 4).sum(axis=(1, 3))
+    np.testing.assert_allclose(group_sums, 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_vmap_folds_into_the_batch_and_maps_batched_weights(implementation):
+    x, scale, bias = _inputs(9, (2, 3, 5, 16), jnp.float32)
+    op, reference = _op(implementation, 4), _reference(4)
+    folded = jax.jit(jax.vmap(lambda x: op(x, scale, bias)))(x)
+    expected = jax.vmap(lambda x: reference(x, *harness.as_float64(scale, bias)))(jnp.asarray(x, jnp.float64))
+    harness.assert_close(folded, expected, jnp.float32)
+    scales = harness.random_normal(10, (2, 16), jnp.float32)
+
+    def loss(fn):
+        return lambda scale, x: jnp.sum(fn(x, scale, None) ** 2)
+
+    per_example = jax.jit(jax.vmap(jax.grad(loss(op), argnums=(0, 1))))(scales, x)
+    want = jax.vmap(jax.grad(loss(reference), argnums=(0, 1)))(*harness.as_float64(scales, x))
+    harness.assert_close_trees(per_example, want, jnp.float32)
+
+
+def test_checkpoint_gives_the_same_gradients():
+    x, scale, bias = _inputs(11, (2, 7, 8), jnp.float32)
+    op = _op(harness.KERNEL_IMPLEMENTATION, 2)
+    harness.assert_checkpoint_gives_the_same_gradients(lambda *a: jnp.sum(jnp.sin(op(*a))), (x, scale, bias))
+
+
+def test_backward_is_bitwise_deterministic():
+    x, scale, bias = _inputs(12, (2, 9, 24), jnp.float32)
+    op = _op(harness.KERNEL_IMPLEMENTATION, 3)
+    harness.assert_bitwise_deterministic(jax.grad(lambda *a: jnp.sum(op(*a) ** 2), argnums=(0, 1, 2)), x, scale, bias)
+
+
+def test_sharded_batch_stays_sharded_and_matches_one_device():
+    mesh_ = mesh((4,), ("data",))
+    x, scale, bias = _inputs(13, (8, 6, 32), jnp.float32)
+    dy = harness.random_normal(14, x.shape, jnp.float32)
+    op = _op(harness.KERNEL_IMPLEMENTATION, 4)
+
+    @jax.jit
+    def program(x, scale, bias, dy):
+        y, pullback = jax.vjp(op, x, scale, bias)
+        return y, pullback(dy)
+
+    expected = program(x, scale, bias, dy)
+    sharded = (place(x, mesh_, "data"), place(scale, mesh_), place(bias, mesh_), place(dy, mesh_, "data"))
+    y, grads = program(*sharded)
+    chex.assert_trees_all_close((y, grads), expected, atol=1e-5, rtol=1e-5)
+    assert y.sharding.spec[0] == "data" and grads[0].sharding.spec[0] == "data"
+    assert_only_small_all_reduces(compiled_collectives(program, *sharded), nbytes(scale, bias) + 64)
+
+
+def test_tiling_covers_whole_groups_in_cache_lines():
+    for n_tokens, channels, groups in [(4096, 512, 32), (1, 24, 4), (11, 120, 40), (300, 4096, 32), (7, 8192, 1)]:
+        tiling = group_norm_op.group_tiling(n_tokens, channels, groups)
+        group_size = channels // groups
+        for block in (tiling.groups_per_block, tiling.block_c, tiling.block_s):
+            assert block & (block - 1) == 0, "tl.arange needs powers of two"
+        assert tiling.groups_per_block * group_size <= tiling.block_c < 2 * tiling.groups_per_block * group_size
+        # A block spans at least MIN_BLOCK_CHANNELS channels, or all groups.
+        assert (
+            tiling.groups_per_block * group_size >= group_norm_op.MIN_BLOCK_CHANNELS
+            or tiling.groups_per_block >= groups
+        )
+        assert tiling.block_s * tiling.block_c <= max(group_norm_op.CHUNK_ELEMENTS, tiling.block_c)
+        assert 4 <= tiling.num_warps <= group_norm_op.MAX_WARPS
+    target = group_norm_op.group_tiling(4096, 512, 32)
+    assert target.grid(16, 32) == (16, 8) and target.block_c == 64
+
+
+class _Model(nnx.Module):
+    def __init__(self, rngs):
+        self.norm = nnx.GroupNorm(32, num_groups=8, rngs=rngs)
+        self.other = nnx.GroupNorm(32, num_groups=4, reduction_axes=(2, 3), rngs=rngs)
+
+    def __call__(self, x):
+        return self.other(self.norm(x))
+
+
+@pytest.mark.parametrize(("x_dtype", "param_dtype", "dtype"), harness.FLAX_DTYPE_CASES[::2])
+def test_nnx_twin_matches_flax_and_keeps_its_params(x_dtype, param_dtype, dtype):
+    options = {"num_groups": None, "group_size": 4, "epsilon": 1e-5, "dtype": dtype, "param_dtype": param_dtype}
+    flax_norm = nnx.GroupNorm(16, **options, rngs=nnx.Rngs(0))
+    liger_norm = liger_nnx.GroupNorm(16, **options, implementation=harness.KERNEL_IMPLEMENTATION, rngs=nnx.Rngs(0))
+    liger_norm.scale[...] = flax_norm.scale[...] = harness.random_normal(1, (16,), param_dtype)
+    liger_norm.bias[...] = flax_norm.bias[...] = harness.random_normal(2, (16,), param_dtype)
+    x = harness.random_normal(3, (2, 3, 5, 16), x_dtype)
+    expected, got = flax_norm(x), liger_norm(x)
+    chex.assert_trees_all_equal_structs(nnx.state(flax_norm, nnx.Param), nnx.state(liger_norm, nnx.Param))
+    assert got.dtype == expected.dtype
+    harness.assert_close(got, expected, harness.least_precise(x_dtype, param_dtype, dtype))
+
+
+def test_linen_twin_matches_flax_and_has_its_param_tree():
+    x = harness.random_normal(4, (2, 6, 24), jnp.bfloat16)
+    flax_norm = nn.GroupNorm(num_groups=6, use_bias=False)
+    liger_norm = liger_linen.GroupNorm(num_groups=6, use_bias=False, implementation=harness.KERNEL_IMPLEMENTATION)
+    params = flax_norm.init(jax.random.key(0), x)
+    params = jax.tree.map(lambda p: p + harness.random_normal(5, p.shape, p.dtype), params)
+    chex.assert_trees_all_equal_structs(params, liger_norm.init(jax.random.key(0), x))
+    harness.assert_close(liger_norm.apply(params, x), flax_norm.apply(params, x), jnp.bfloat16)
+    by_size = liger_linen.GroupNorm(
+        num_groups=None, group_size=8, use_bias=False, implementation=harness.KERNEL_IMPLEMENTATION
+    )
+    expected = nn.GroupNorm(num_groups=3, use_bias=False).apply(params, x)
+    harness.assert_close(by_size.apply(params, x), expected, jnp.bfloat16)
+
+
+def test_apply_liger_swaps_nnx_group_norm_with_default_axes_only():
+    model = _Model(nnx.Rngs(0))
+    x = harness.random_normal(6, (2, 3, 4, 32), jnp.float32)
+    expected = model(x)
+    state = nnx.state(model)
+    with pytest.warns(UserWarning, match="other"):
+        counts = apply_liger(model, implementation=harness.KERNEL_IMPLEMENTATION)
+    assert counts["group_norm"] == 1
+    assert isinstance(model.norm, liger_nnx.GroupNorm) and type(model.other) is nnx.GroupNorm
+    chex.assert_trees_all_equal(nnx.state(model), state)
+    harness.assert_close(model(x), expected, jnp.float32)
+
+
+def test_liger_intercept_routes_linen_group_norm():
+    x = harness.random_normal(7, (2, 5, 16), jnp.float32)
+    flax_norm = nn.GroupNorm(num_groups=4)
+    params = flax_norm.init(jax.random.key(1), x)
+    with liger_intercept(implementation=harness.KERNEL_IMPLEMENTATION) as counts:
+        got = flax_norm.apply(params, x)
+    assert counts["group_norm"] == 1
+    harness.assert_close(got, flax_norm.apply(params, x), jnp.float32)
+
+
+def test_twin_rejects_options_the_kernels_do_not_compute():
+    norm = liger_nnx.GroupNorm(8, num_groups=2, reduction_axes=(1, -1), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="reduction_axes"):
+        norm(jnp.ones((2, 3, 4, 8)))
+    with pytest.raises(ValueError, match="mask"):
+        liger_nnx.GroupNorm(8, num_groups=2, rngs=nnx.Rngs(0))(jnp.ones((2, 8)), mask=jnp.ones((2, 8), bool))
+    with pytest.raises(ValueError, match="exactly one of num_groups and group_size"):
+        liger_linen.GroupNorm(num_groups=2, group_size=4).init(jax.random.key(0), jnp.ones((2, 8)))
+
+
+def test_empty_input_gives_empty_output():
+    x = jnp.zeros((0, 4, 8), jnp.float32)
+    assert liger_jax.group_norm(x, None, None, num_groups=2).shape == (0, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("x", "scale", "kwargs", "error", "match"),
+    [
+        ((8,), (8,), {"num_groups": 2}, ValueError, "x must have at least 2 axes"),
+        ((2, 8), (8,), {"num_groups": 3}, ValueError, "num_groups must be a positive divisor"),
+        ((2, 8), (8,), {"num_groups": 0}, ValueError, "num_groups must be a positive divisor"),
+        ((2, 8), (8,), {"num_groups": 2.0}, TypeError, "num_groups must be an int"),
+        ((2, 8), (4,), {"num_groups": 2}, ValueError, r"scale must have shape \(8,\)"),
+        ((2, 8), (8,), {"num_groups": 2, "implementation": "cuda"}, ValueError, "implementation"),
+        ((1, 16385), None, {"num_groups": 1}, ValueError, "implementation='xla'"),
+    ],
+)
+def test_bad_shapes_and_settings_raise_clear_errors(x, scale, kwargs, error, match):
+    harness.assert_call_raises(error, match, liger_jax.group_norm, (x, scale, None), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "match"),
+    [
+        ((jnp.int32, jnp.float32, jnp.float32), "x must have a float dtype"),
+        ((jnp.float32, jnp.int8, jnp.float32), "scale must have a float dtype"),
+        ((jnp.float32, jnp.float32, jnp.int8), "bias must have a float dtype"),
+        ((jnp.float64, jnp.float32, jnp.float32), "x must have a float dtype"),
+    ],
+)
+def test_bad_dtypes_raise_type_errors(dtypes, match):
+    harness.assert_call_raises(TypeError, match, liger_jax.group_norm, ((2, 8), (8,), (8,)), dtypes, num_groups=2)
