@@ -71,8 +71,15 @@ class Job:
     estimate_s: float  # on the H200, start-up and compiles included
 
 
-def _model(preset: str, variants: list[str], layers: int | None = None, trace: tuple[str, ...] = ()) -> dict:
-    return {"preset": preset, "layers": layers, "variants": variants, "trace": list(trace)}
+def _model(
+    preset: str,
+    variants: list[str],
+    layers: int | None = None,
+    trace: tuple[str, ...] = (),
+    batch: int = 16,
+    seq: int = 128,
+) -> dict:
+    return {"preset": preset, "layers": layers, "variants": variants, "trace": list(trace), "batch": batch, "seq": seq}
 
 
 JOBS: tuple[Job, ...] = (
@@ -110,6 +117,19 @@ JOBS: tuple[Job, ...] = (
     Job("small4-ffi-nocb", "model", "ffi, no command buffers", _model("small", ["flax", "rope triton"], 4), 25),
     Job("mini", "model", "ffi", _model("mini", ["flax", "liger", "liger triton"]), 45),
     Job("ops-legacy", "ops", "legacy", {}, 35),
+    Job(
+        "1b",
+        "model",
+        "ffi",
+        _model(
+            "1b",
+            ["flax", "liger", "flce triton", "rms_norm triton", "swiglu triton", "rope triton"],
+            trace=("flax", "liger"),
+            batch=8,
+            seq=2048,
+        ),
+        240,
+    ),
 )
 
 
@@ -338,7 +358,9 @@ def _swap(model, variant: str, kernel: str) -> None:
     apply_liger(model, implementation={"": None, "triton": kernel}.get(implementation, implementation), **switches)
 
 
-def _model_section(context: _Context, preset: str, layers: int | None, variants: list[str], trace: list[str]) -> dict:
+def _model_section(
+    context: _Context, preset: str, layers: int | None, variants: list[str], trace: list[str], batch: int, seq: int
+) -> dict:
     """The preset's training step per variant: device and host ms per step, tokens/s, traces."""
     import jax
     from flax import nnx
@@ -346,7 +368,7 @@ def _model_section(context: _Context, preset: str, layers: int | None, variants:
     from benchmarks import trace_summary
     from liger_jax.models import LlamaForCausalLM, llama_config, training
 
-    batch, seq = (2, 16) if context.smoke else (16, 128)
+    batch, seq = (2, 16) if context.smoke else (batch, seq)
     overrides = {"num_layers": 1 if context.smoke else layers} if (layers or context.smoke) else {}
     config = llama_config(
         "tiny" if context.smoke else preset,
@@ -382,7 +404,7 @@ def _model_section(context: _Context, preset: str, layers: int | None, variants:
                 for _ in range(steps):
                     loss = call()
                 jax.block_until_ready(loss)
-            row["trace"] = trace_summary.summarise(trace_summary.trace_file(log_dir), steps)
+            row["trace"] = trace_summary.summarise(trace_summary.trace_file(log_dir), steps, top=30)
         rows[variant] = row
     preset = "tiny" if context.smoke else preset
     return {"model": rows, "shape": {"preset": preset, "layers": config.num_layers, "batch": batch, "seq": seq}}

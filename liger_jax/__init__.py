@@ -21,6 +21,10 @@ from liger_jax.ops.fused_linear_scaled_cross_entropy import (
     fused_linear_scaled_cross_entropy,
     fused_linear_scaled_cross_entropy_reference,
 )
+from liger_jax.ops.fused_neighborhood_attention import (
+    fused_neighborhood_attention,
+    fused_neighborhood_attention_reference,
+)
 from liger_jax.ops.glu import geglu, geglu_reference, swiglu, swiglu_reference
 from liger_jax.ops.group_norm import group_norm, group_norm_reference
 from liger_jax.ops.grpo import fused_linear_grpo, grpo_loss_from_logps
@@ -30,6 +34,7 @@ from liger_jax.ops.kto import fused_linear_kto
 from liger_jax.ops.layer_norm import layer_norm, layer_norm_reference
 from liger_jax.ops.llama4_rope import llama4_rope, llama4_rope_reference
 from liger_jax.ops.modulated_rms_norm import modulated_rms_norm, modulated_rms_norm_reference
+from liger_jax.ops.multi_token_attention import multi_token_attention, multi_token_attention_reference
 from liger_jax.ops.poly_norm import poly_norm, poly_norm_reference
 from liger_jax.ops.preference import fused_linear_cpo, fused_linear_dpo, fused_linear_orpo, fused_linear_simpo
 from liger_jax.ops.qwen2vl_mrope import mrope_cos_sin, qwen2vl_mrope, qwen2vl_mrope_reference
@@ -71,6 +76,8 @@ __all__ = [
     "fused_linear_logprobs_reference",
     "fused_linear_scaled_cross_entropy",
     "fused_linear_scaled_cross_entropy_reference",
+    "fused_neighborhood_attention",
+    "fused_neighborhood_attention_reference",
     "geglu",
     "geglu_reference",
     "group_norm",
@@ -86,6 +93,8 @@ __all__ = [
     "mrope_cos_sin",
     "modulated_rms_norm",
     "modulated_rms_norm_reference",
+    "multi_token_attention",
+    "multi_token_attention_reference",
     "poly_norm",
     "poly_norm_reference",
     "qwen2vl_mrope",

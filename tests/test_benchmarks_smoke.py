@@ -211,6 +211,30 @@ def test_rms_norm_smoke_run_writes_every_output(tmp_path):
     assert {"results.csv", "results.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
 
 
+def test_distillation_memory_variant_is_the_plain_loss_in_bf16_chunks_of_its_size(monkeypatch):
+    import jax
+    import jax.numpy as jnp
+
+    import liger_jax
+    from tests import harness
+
+    calls = []
+    distillation = liger_jax.fused_linear_distillation
+    monkeypatch.setattr(
+        liger_jax, "fused_linear_distillation", lambda *a, **k: calls.append(k) or distillation(*a, **k)
+    )
+    params, dtype = next((p, d) for p, d in OPS["fused_linear_distillation_memory"].smoke if d == "bfloat16")
+    variant = build_case("fused_linear_distillation_memory", params, dtype)
+    plain = build_case("fused_linear_distillation", {k: v for k, v in params.items() if k != "chunk"}, dtype)
+    args = variant.make_inputs(jax.random.key(0))
+    outputs = [
+        jax.value_and_grad(case.providers["liger_jax"].with_implementation("xla"), argnums=case.diff_argnums)(*args)
+        for case in (variant, plain)
+    ]
+    harness.assert_close_trees(outputs[0], outputs[1], jnp.bfloat16)
+    assert (calls[0]["accum_dtype"], calls[0]["chunk_size"]) == ("bfloat16", params["chunk"])
+
+
 def test_sweeps_run_only_the_sweep_providers_and_a_missing_provider_says_why(tmp_path, monkeypatch):
     measured = []
 
@@ -547,3 +571,27 @@ def test_tunix_smoke_runs_each_provider_once_for_both_phases(tmp_path):
     assert liger["swaps"]["rms_norm"] > 0
     # The same random model and tokens, one warm-up step then one timed step: the same loss up to bf16 rounding.
     assert liger["loss"] == pytest.approx(xla["loss"], rel=1e-2)
+
+
+@pytest.mark.parametrize("name", ["multi_token_attention", "fused_neighborhood_attention"])
+def test_score_attention_cases_agree_with_xla_at_their_smoke_sizes(name):
+    # Values at every smoke size; gradients in float32 (two bf16 backward passes differ by more than one bf16
+    # rounding; the ops' own tests check bf16 gradients against a float64 oracle).
+    import jax
+    import jax.numpy as jnp
+
+    from tests import harness
+
+    def loss(case, provider, *args):
+        return jnp.sum(case.providers[provider](*args).astype(jnp.float32) ** 2)
+
+    for params, dtype in OPS[name].smoke:
+        case = build_case(name, params, dtype)
+        args = case.make_inputs(jax.random.key(0))
+        harness.assert_close(case.providers["liger_jax"](*args), case.providers["xla"](*args), jnp.dtype(dtype))
+        if dtype == "float32":
+            kernel_grads, xla_grads = (
+                jax.grad(functools.partial(loss, case, provider), argnums=case.diff_argnums)(*args)
+                for provider in ("liger_jax", "xla")
+            )
+            harness.assert_close_trees(kernel_grads, xla_grads, jnp.float32)

@@ -460,6 +460,7 @@ def _scaled_closed_form(x, weight, target, temperature):
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.usefixtures("full_precision_matmuls")
 def test_fused_linear_scaled_cross_entropy_is_the_temperature_scaled_nll_and_entropy(implementation):
     n_rows, hidden, n_classes, temperature = 9, 12, 300, 0.7
     x = harness.random_normal(20, (n_rows, hidden), jnp.float32)

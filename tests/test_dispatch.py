@@ -102,6 +102,8 @@ def _small_calls():
         "dyt": (liger_jax.dyt, (x, scale[:1], scale, bias)),
         "poly_norm": (liger_jax.poly_norm, (x, scale[:3], bias[0])),
         "modulated_rms_norm": (liger_jax.modulated_rms_norm, (x, scale, residual[:, 0], residual[:, 1])),
+        "multi_token_attention": (liger_jax.multi_token_attention, (x[:1, None, :, :5], q[0, :3, :3, :1, None])),
+        "fused_neighborhood_attention": (liger_jax.fused_neighborhood_attention, (q, q, q)),
     }
 
 

@@ -123,10 +123,10 @@ def test_all_rows_ignored_gives_zero_loss_and_gradients(implementation, reductio
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_default_chunks_split_the_rows_and_match_the_reference(implementation, monkeypatch):
     # Without the floor the dweight accumulator bounds the chunk: 32·300·4 bytes = 32 rows of fp32 logits, so the
-    # default splits 50 rows into 32 + 18.
+    # default splits 50 rows into two even chunks of 25.
     monkeypatch.setattr(_linear_chunks, "MIN_CHUNK_LOGITS_BYTES", 0)
     n_rows = 50
-    assert flce_op.default_chunk_rows(n_rows, H, V, jnp.float32, jnp.float32) == 32
+    assert flce_op.default_chunk_rows(n_rows, H, V, jnp.float32, jnp.float32) == 25
     x, weight, bias, labels = _inputs(32, jnp.float32, "vh", n_rows=n_rows)  # V is the weight's first axis
 
     def op(x, weight, bias):
@@ -144,7 +144,7 @@ def test_default_chunks_split_the_rows_and_match_the_reference(implementation, m
     [
         (8192, 4096, 128256, jnp.bfloat16, 2048),  # Llama-3-8B's head: the row cap (its 2 GiB dweight allows 8192)
         (16384, 2048, 128256, jnp.bfloat16, 2048),  # Llama-3.2-1B's: the cap (its 1002 MiB dweight allows 4096)
-        (2048, 768, 32000, jnp.bfloat16, 1536),  # 768 · 32000 · 4 bytes of dweight hold 1536 rows of bf16 logits
+        (2048, 768, 32000, jnp.bfloat16, 1024),  # 768 · 32000 · 4 bytes of dweight hold 1536 rows: 2 even chunks
         (4096, 256, 32768, jnp.float32, 512),  # a small head: the 64 MiB floor
         (400_000, 128, 32768, jnp.bfloat16, 1536),  # many rows: x's 97.7 MiB, rounded down to 12 · 128 rows
         (4096, 64, 2**22, jnp.float32, 64),  # a 1 GiB dweight over 4M classes: 64 rows, fewer than a tile

@@ -114,6 +114,84 @@ def test_fused_linear_jsd_matches_float64_reference(implementation, beta, with_l
     harness.assert_vjp_matches_reference(op, reference, (x, weight), jnp.float32(2.0), jnp.float32)
 
 
+def _distillation_op(teacher_x, teacher_weight, labels, **options):
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_distillation(
+            x, weight, teacher_x, teacher_weight, labels, student_bias=bias, chunk_size=CHUNK, **options
+        )
+
+    return op
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_bf16_accumulation_matches_float64_reference(implementation, monkeypatch):
+    # dweight and dbias summed over the three chunks in bf16, no H × V fp32 accumulator.
+    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(37, jnp.bfloat16)
+    options = {"divergence": "jsd", "beta": 0.4, "temperature": 1.2, "weight_hard_loss": 0.7}
+    bf16_op = _distillation_op(
+        teacher_x, teacher_weight, labels, implementation=implementation, accum_dtype=jnp.bfloat16, **options
+    )
+
+    def reference(x, weight, bias):
+        teacher = harness.as_float64(teacher_x, teacher_weight)
+        return liger_jax.fused_linear_distillation_reference(
+            x, weight, *teacher, labels, student_bias=bias, logits_dtype=jnp.bfloat16, **options
+        )
+
+    harness.assert_vjp_matches_reference(bf16_op, reference, (x, weight, bias), jnp.float32(1.3), jnp.bfloat16)
+    run_chunks, accumulators = _linear_chunks.run_chunks, []
+
+    def recording_run_chunks(*args, **kwargs):
+        results = run_chunks(*args, **kwargs)
+        accumulators.append(jax.tree.map(lambda grad: grad.dtype, (results.dweight, results.dbias)))
+        return results
+
+    monkeypatch.setattr(_linear_chunks, "run_chunks", recording_run_chunks)
+    jax.grad(bf16_op, argnums=(0, 1, 2))(x, weight, bias)
+    jax.grad(
+        lambda x, weight: liger_jax.fused_linear_jsd(
+            x, weight, teacher_x, teacher_weight, accum_dtype=jnp.bfloat16, implementation=implementation
+        )
+    )(x, weight)
+    assert accumulators == [(jnp.bfloat16, jnp.bfloat16), (jnp.bfloat16, None)]
+
+
+def test_soft_and_hard_losses_take_no_gradient_under_any_cotangent():
+    # As Liger's: the soft and hard losses are returned for logging, and their cotangents are dropped.
+    implementation = harness.KERNEL_IMPLEMENTATION
+    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(38, jnp.float32, "vh")
+    options = {"divergence": "kl", "temperature": 1.4, "weight_hard_loss": 0.6, "weight_layout": "vh"}
+    op = _distillation_op(
+        teacher_x, teacher_weight, labels, implementation=implementation, return_soft_hard_loss=True, **options
+    )
+
+    def reference(x, weight, bias):  # the loss alone carries the gradient
+        teacher = harness.as_float64(teacher_x, teacher_weight)
+        loss, soft, hard = liger_jax.fused_linear_distillation_reference(
+            x, weight, *teacher, labels, student_bias=bias, return_soft_hard_loss=True, **options
+        )
+        return loss, jax.lax.stop_gradient(soft), jax.lax.stop_gradient(hard)
+
+    cotangent = (jnp.float32(1.7), jnp.float32(-0.6), jnp.float32(2.3))
+    harness.assert_vjp_matches_reference(op, reference, (x, weight, bias), cotangent, jnp.float32)
+    _, loss_only = harness.vjp_under_jit(op, (x, weight, bias), (jnp.float32(1.7), jnp.float32(0), jnp.float32(0)))
+    _, all_three = harness.vjp_under_jit(op, (x, weight, bias), cotangent)
+    jax.tree.map(np.testing.assert_array_equal, all_three, loss_only)
+
+
+@pytest.mark.parametrize("return_soft_hard_loss", [False, True])
+def test_gradients_come_from_the_forward_pass_of_four_matmuls(return_soft_hard_loss):
+    # Each chunk's student and teacher logits, dx and dweight, once: the backward pass only scales them. Whole
+    # chunks, so the loop's step is the one traced chunk.
+    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(39, jnp.float32, n_rows=2 * CHUNK)
+    op = _distillation_op(
+        teacher_x, teacher_weight, labels, implementation="xla", return_soft_hard_loss=return_soft_hard_loss
+    )
+    loss = (lambda *a: op(*a)[0]) if return_soft_hard_loss else op
+    program = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(x, weight, bias)
+    assert str(program).count("dot_general") == 4
+
+
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_all_rows_ignored_gives_zero_loss_and_gradients(implementation):
     (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(31, jnp.float32)
@@ -246,6 +324,32 @@ def test_compiled_temporaries_are_an_eighth_of_one_models_logits(implementation)
     assert temp < 4 * n_rows * n_classes / 8
 
 
+# Bytes a chunk of an fp32 head keeps per logit: both models' fp32 logits and three fp32 buffers (the two models'
+# log-probabilities, then the gradient).
+FP32_CHUNK_BYTES_PER_LOGIT = 4 * 2 + 4 * 3
+
+
+def test_compiled_temporaries_scale_with_the_chunk_size():
+    # A long narrow batch: 4 GiB of fp32 logits per model against 4 MiB of dweight; the temporaries are one chunk's
+    # buffers (and the dweight product, which the CPU compiler keeps apart from the accumulator).
+    n_rows, hidden, n_classes = 16384, 16, 65536
+    shapes = [(n_rows, hidden), (hidden, n_classes), (n_rows, 8), (8, n_classes), (n_rows,)]
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes[:-1]]
+    args.append(jax.ShapeDtypeStruct(shapes[-1], jnp.int32))
+    temps = {}
+    for chunk_size in (64, 128):
+
+        def loss(x, weight, teacher_x, teacher_weight, labels, chunk_size=chunk_size):
+            return liger_jax.fused_linear_distillation(
+                x, weight, teacher_x, teacher_weight, labels, chunk_size=chunk_size, implementation="xla"
+            )
+
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
+        temps[chunk_size] = compiled.memory_analysis().temp_size_in_bytes
+        assert temps[chunk_size] <= chunk_size * n_classes * FP32_CHUNK_BYTES_PER_LOGIT + hidden * n_classes * 4
+    assert temps[128] > 1.5 * temps[64]
+
+
 def _call(**overrides):
     (x, weight, _), (teacher_x, teacher_weight, _), labels = _inputs(35, jnp.float32, n_rows=4, n_classes=10)
     arguments = {
@@ -276,6 +380,7 @@ def _call(**overrides):
         ({"teacher_x": jnp.ones((4, HT), jnp.int32)}, TypeError, "teacher_x must have a float dtype"),
         ({"ignore_index": 1.5}, TypeError, "ignore_index must be an int"),
         ({"weight_layout": "hd"}, ValueError, "weight_layout"),
+        ({"accum_dtype": jnp.int32}, TypeError, "accum_dtype must be a floating dtype"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(overrides, error, match):

@@ -110,9 +110,9 @@ def test_bias_gradient_sums_to_zero(implementation):
 
 def test_default_chunks_and_leading_axes(monkeypatch):
     # Without the floor the dweight accumulator bounds the chunk (16·259·4 bytes: 16 rows of fp32 logits), so the
-    # 2 × 17 rows run as 16 + 16 + 2.
+    # 2 × 17 rows run as 12 + 12 + 10.
     monkeypatch.setattr(_linear_chunks, "MIN_CHUNK_LOGITS_BYTES", 0)
-    assert _linear_chunks.default_chunk_rows(34, H, V, jnp.float32, jnp.float32) == 16
+    assert _linear_chunks.default_chunk_rows(34, H, V, jnp.float32, jnp.float32) == 12
     x, weight, bias, tokens = _inputs(42, jnp.float32, "vh", n_rows=34)
     x, tokens = x.reshape(2, 17, H), tokens.reshape(2, 17)
 

@@ -8,7 +8,7 @@ import pytest
 
 import liger_jax
 from liger_jax.ops import grpo
-from tests import harness
+from tests import collectives, harness
 
 pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 
@@ -94,11 +94,12 @@ def oracle_grpo(logps, mask, advantages, ref=None, old=None, vllm=None, **o):
     return loss, aux
 
 
-def _logps_inputs(seed, batch=B):
-    logps = -jnp.abs(harness.random_normal(seed, (batch, T), jnp.float64, scale=2.0))
-    old = logps + harness.random_normal(seed + 1, (batch, T), jnp.float64, scale=0.3)
-    ref = logps + harness.random_normal(seed + 2, (batch, T), jnp.float64, scale=0.5)
-    mask = jnp.asarray(np.random.default_rng(seed + 3).random((batch, T)) < 0.8).at[:, 0].set(True).at[-1].set(False)
+def _logps_inputs(seed, batch=B, length=T):
+    logps = -jnp.abs(harness.random_normal(seed, (batch, length), jnp.float64, scale=2.0))
+    old = logps + harness.random_normal(seed + 1, (batch, length), jnp.float64, scale=0.3)
+    ref = logps + harness.random_normal(seed + 2, (batch, length), jnp.float64, scale=0.5)
+    mask = jnp.asarray(np.random.default_rng(seed + 3).random((batch, length)) < 0.8)
+    mask = mask.at[:, 0].set(True).at[-1].set(False)
     advantages = harness.random_normal(seed + 4, (batch,), jnp.float64)
     return logps, mask, advantages, ref, old
 
@@ -164,11 +165,11 @@ def test_clip_ratio_counts_clipped_tokens():
     assert float(aux["clip_ratio"]) == 0.0 and float(aux["kl"]) == 0.0  # on-policy, no reference: nothing moves
 
 
-def _head_inputs(seed, dtype=jnp.float64, layout="hv"):
-    x = harness.random_normal(seed, (B, T, H), dtype)
+def _head_inputs(seed, dtype=jnp.float64, layout="hv", batch=B, length=T):
+    x = harness.random_normal(seed, (batch, length, H), dtype)
     weight = harness.random_normal(seed + 1, (H, V) if layout == "hv" else (V, H), dtype, scale=0.6)
     bias = harness.random_normal(seed + 2, (V,), dtype, scale=0.5)
-    tokens = jnp.asarray(np.random.default_rng(seed + 3).integers(0, V, (B, T)), jnp.int32)
+    tokens = jnp.asarray(np.random.default_rng(seed + 3).integers(0, V, (batch, length)), jnp.int32)
     return x, weight, bias, tokens
 
 
@@ -236,6 +237,124 @@ def test_fused_grpo_matches_oracle_float64(case):
     _assert_fused_matches(ours, oracle, (x, weight, bias), F64, F64_PARAM_GRADS)
 
 
+# Every option case in chunks of two whole completions and a remainder of one, and a few in one-completion
+# chunks and in a single chunk.
+CHUNK_CASES = [(case, 2) for case in OPTION_CASES] + [
+    (("dapo", "sequence", {}), 1),
+    (("grpo", "token", {}), None),
+    (("luspo", "token", {}), 1),
+]
+
+
+@pytest.mark.parametrize("case, chunk_size", CHUNK_CASES, ids=lambda c: _case_id(c) if isinstance(c, tuple) else c)
+@pytest.mark.usefixtures("float64_on_host")
+def test_whole_completion_chunks_match_oracle(case, chunk_size):
+    """Five completions of odd length with a reference model, walked in chunks of whole completions: the loss, the
+    metrics and the gradients each chunk makes in its forward pass match the oracle under jit."""
+    loss_type, level, options = case
+    batch, length = 5, 7
+    x, weight, bias, tokens = _head_inputs(210, batch=batch, length=length)
+    ref_head = _head_inputs(220, batch=batch, length=length)[:3]
+    _, mask, advantages, _, _ = _logps_inputs(230, batch=batch, length=length)
+    old = oracle_token_logps(x, weight, bias, tokens) + harness.random_normal(231, (batch, length), jnp.float64, 0.2)
+    options = dict(options, loss_type=loss_type, importance_sampling_level=level, beta=options.get("beta", 0.05))
+    options |= {"max_completion_length": length + 2} if loss_type == "dr_grpo" else {}
+    vllm = None
+    if "vllm_is_ratio" in options:
+        shape = tuple({B: batch, T: length}.get(size, size) for size in options.pop("vllm_is_ratio"))
+        vllm = jnp.exp(harness.random_normal(232, shape, jnp.float64, scale=0.2))
+
+    def ours(x, weight, bias):
+        return liger_jax.fused_linear_grpo(
+            x, weight, tokens, mask, advantages, bias=bias, old_per_token_logps=old, vllm_is_ratio=vllm,
+            ref_x=ref_head[0], ref_weight=ref_head[1], ref_bias=ref_head[2], chunk_size=chunk_size,
+            implementation="xla", **options,
+        )  # fmt: skip
+
+    def oracle(x, weight, bias):
+        logps = oracle_token_logps(x, weight, bias, tokens)
+        return oracle_grpo(logps, mask, advantages, oracle_token_logps(*ref_head, tokens), old, vllm, **options)
+
+    _assert_fused_matches(ours, oracle, (x, weight, bias), F64, F64_PARAM_GRADS)
+
+
+def test_whole_completion_chunks_on_the_kernels():
+    """The kernels (interpreter on CPU) in fp32 with GSPO's sequence-level weights, one completion per chunk."""
+    x, weight, bias, tokens = _head_inputs(240, jnp.float32, batch=3, length=5)
+    _, mask, advantages, _, old = _logps_inputs(250, batch=3, length=5)
+
+    def ours(x, weight, bias):
+        return liger_jax.fused_linear_grpo(
+            x, weight, tokens, mask, advantages, bias=bias, old_per_token_logps=old, loss_type="grpo",
+            importance_sampling_level="sequence", temperature=0.9, chunk_size=1,
+            implementation=harness.KERNEL_IMPLEMENTATION,
+        )  # fmt: skip
+
+    def oracle(x, weight, bias):
+        logps = oracle_token_logps(x, weight, bias, tokens, 0.9)
+        options = dict(loss_type="grpo", importance_sampling_level="sequence")
+        return oracle_grpo(logps, mask, advantages, None, old, **options)
+
+    tolerance = harness.tolerance(jnp.float32)
+    _assert_fused_matches(ours, oracle, (x, weight, bias), tolerance, tolerance)
+
+
+def test_sequence_sharded_completions_stay_whole_in_their_chunks():
+    """x sharded along the completion axis (sequence parallelism) gives the unsharded loss and gradients: the chunk
+    loop never splits a completion across devices."""
+    x, weight, _, tokens = _head_inputs(260, jnp.float32, batch=2, length=6)
+    mask, advantages = jnp.ones((2, 6), bool).at[1, 4].set(False), jnp.array([1.0, -0.5])
+
+    @jax.jit
+    def loss_and_grads(x, weight):
+        def loss(x, weight):
+            return liger_jax.fused_linear_grpo(
+                x, weight, tokens, mask, advantages, loss_type="grpo", importance_sampling_level="sequence",
+                chunk_size=1, implementation="xla",
+            )[0]  # fmt: skip
+
+        return jax.value_and_grad(loss, argnums=(0, 1))(x, weight)
+
+    expected, expected_grads = loss_and_grads(x, weight)
+    loss, grads = loss_and_grads(collectives.place(x, collectives.mesh((2,), ("seq",)), None, "seq"), weight)
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    jax.tree.map(lambda a, e: np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6), grads, expected_grads)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_vocabulary_sharded_heads_give_the_one_device_loss_and_gradients(level):
+    """Tensor parallelism: the policy's and the reference model's heads sharded on the vocabulary give the
+    one-device loss, metrics and gradients; dweight stays vocabulary-sharded."""
+    vocab = 12  # two devices' slices of 6
+    x, _, _, tokens = _head_inputs(270, jnp.float32)
+    ref_x = _head_inputs(271, jnp.float32)[0]
+    weight, ref_weight = (harness.random_normal(s, (H, vocab), jnp.float32, scale=0.6) for s in (272, 273))
+    bias = harness.random_normal(274, (vocab,), jnp.float32, scale=0.5)
+    _, mask, advantages, _, old = _logps_inputs(275)
+    tokens, advantages, old = tokens % vocab, advantages.astype(jnp.float32), old.astype(jnp.float32)
+
+    @jax.jit
+    def loss_and_grads(x, weight, bias, ref_weight):
+        def loss(x, weight, bias):
+            return liger_jax.fused_linear_grpo(
+                x, weight, tokens, mask, advantages, bias=bias, ref_x=ref_x, ref_weight=ref_weight,
+                old_per_token_logps=old, importance_sampling_level=level,
+                implementation=harness.KERNEL_IMPLEMENTATION,
+            )  # fmt: skip
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, weight, bias)
+
+    mesh_ = collectives.mesh((2,), ("tp",))
+    sharded_weight = collectives.place(weight, mesh_, None, "tp")
+    expected = loss_and_grads(x, weight, bias, ref_weight)
+    got = loss_and_grads(
+        x, sharded_weight, collectives.place(bias, mesh_, "tp"), collectives.place(ref_weight, mesh_, None, "tp")
+    )
+    for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    assert got[1][1].sharding.is_equivalent_to(sharded_weight.sharding, 2)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_grpo_kernel_implementation(dtype):
     """The Triton path (interpreter on CPU) against the oracle on the same rounded inputs; bf16 at temperature 1
@@ -265,8 +384,9 @@ def test_fused_grpo_kernel_implementation(dtype):
 
 
 def test_reference_and_old_inputs_get_no_gradient():
-    x, weight, bias, tokens = _head_inputs(100)
-    ref_x, ref_weight, ref_bias, _ = _head_inputs(110)
+    # float32: a GPU's XLA has no float64 GEMM, and a zero gradient is exact in any dtype.
+    x, weight, bias, tokens = _head_inputs(100, jnp.float32)
+    ref_x, ref_weight, ref_bias, _ = _head_inputs(110, jnp.float32)
     logps, mask, advantages, ref, old = _logps_inputs(120)
 
     def with_model(ref_x, ref_weight, ref_bias, old):

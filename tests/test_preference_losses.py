@@ -1,6 +1,8 @@
 """DPO, ORPO, CPO, SimPO and KTO fused with the LM head, against float64 oracles written from the papers and Liger's
 definitions over materialised logits: values, Liger's metrics and gradients."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,8 +41,8 @@ def _inputs(seed, dtype=jnp.float64, layout="hv", batch=B):
     return x, weight, bias, jnp.asarray(labels, jnp.int32)
 
 
-def _reference_inputs(seed, dtype=jnp.float64, layout="hv"):
-    ref_x = harness.random_normal(seed, (B, S, H + 2), dtype)  # a reference model of another width
+def _reference_inputs(seed, dtype=jnp.float64, layout="hv", batch=B):
+    ref_x = harness.random_normal(seed, (batch, S, H + 2), dtype)  # a reference model of another width
     ref_weight = harness.random_normal(seed + 1, (H + 2, V) if layout == "hv" else (V, H + 2), dtype, scale=0.5)
     return ref_x, ref_weight, harness.random_normal(seed + 2, (V,), dtype, scale=0.5)
 
@@ -127,14 +129,15 @@ def oracle_dpo(x, weight, bias, labels, ref=None, *, beta, alpha, loss_type, eps
     logps, token_logps, mask, logits = oracle_sequence_logps(x, weight, bias, labels, average=average, **kw)
     ref_logps = 0.0 if ref is None else oracle_sequence_logps(*ref, labels, average=average, **kw)[0]
     ratios = logps - jax.lax.stop_gradient(ref_logps)
-    a, b = ratios[: B // 2], ratios[B // 2 :]
-    nll_loss = -token_logps[: B // 2].sum() / mask[: B // 2].sum() if nll else 0.0
+    half = labels.shape[0] // 2
+    a, b = ratios[:half], ratios[half:]
+    nll_loss = -token_logps[:half].sum() / mask[:half].sum() if nll else 0.0
     loss = alpha * nll_loss + DPO_ORACLES[loss_type](a, b, beta, eps, tau).mean()
     aux = {
-        "chosen_logps": logps[: B // 2],
-        "rejected_logps": logps[B // 2 :],
-        "chosen_logits_mean": logits[: B // 2].mean(),
-        "rejected_logits_mean": logits[B // 2 :].mean(),
+        "chosen_logps": logps[:half],
+        "rejected_logps": logps[half:],
+        "chosen_logits_mean": logits[:half].mean(),
+        "rejected_logits_mean": logits[half:].mean(),
         "nll_loss": nll_loss,
         "chosen_rewards": beta * a,
         "rejected_rewards": beta * b,
@@ -214,18 +217,19 @@ def test_fused_dpo_kernel_implementation(dtype):
 
 def oracle_orpo(x, weight, bias, labels, nll_target, *, beta, alpha):
     logps, _, _, logits = oracle_sequence_logps(x, weight, bias, labels, average=True)
-    c, r = logps[: B // 2], logps[B // 2 :]
+    half = labels.shape[0] // 2
+    c, r = logps[:half], logps[half:]
     odds = lambda lp: jnp.exp(lp) / (1 - jnp.exp(lp))  # noqa: E731
     log_odds = jnp.log(odds(c) / odds(r))
     _, nll_logps, nll_mask, _ = oracle_sequence_logps(x, weight, bias, nll_target)
-    nll_loss = -nll_logps[: B // 2].sum() / nll_mask[: B // 2].sum()
+    nll_loss = -nll_logps[:half].sum() / nll_mask[:half].sum()
     ratio = -_softplus(-log_odds)
     loss = alpha * nll_loss - beta * ratio.mean()
     aux = {
         "chosen_logps": c,
         "rejected_logps": r,
-        "chosen_logits_mean": logits[: B // 2].mean(),
-        "rejected_logits_mean": logits[B // 2 :].mean(),
+        "chosen_logits_mean": logits[:half].mean(),
+        "rejected_logits_mean": logits[half:].mean(),
         "nll_loss": nll_loss,
         "chosen_rewards": beta * c,
         "rejected_rewards": beta * r,
@@ -251,15 +255,16 @@ def test_fused_orpo_with_nll_target_matches_oracle():
 
 def oracle_smoothed_sigmoid(x, weight, bias, labels, *, beta, alpha, gamma, eps, average, layout):
     logps, token_logps, mask, logits = oracle_sequence_logps(x, weight, bias, labels, layout, average)
-    c, r = logps[: B // 2], logps[B // 2 :]
+    half = labels.shape[0] // 2
+    c, r = logps[:half], logps[half:]
     z = beta * (c - r) - gamma
-    nll_loss = -token_logps[: B // 2].sum() / mask[: B // 2].sum()
+    nll_loss = -token_logps[:half].sum() / mask[:half].sum()
     loss = alpha * nll_loss + ((1 - eps) * _softplus(-z) + eps * _softplus(z)).mean()
     aux = {
         "chosen_logps": c,
         "rejected_logps": r,
-        "chosen_logits_mean": logits[: B // 2].mean(),
-        "rejected_logits_mean": logits[B // 2 :].mean(),
+        "chosen_logits_mean": logits[:half].mean(),
+        "rejected_logits_mean": logits[half:].mean(),
         "nll_loss": nll_loss,
         "chosen_rewards": beta * c,
         "rejected_rewards": beta * r,
@@ -558,3 +563,97 @@ def test_checkpoint_gives_the_same_gradients(loss):
     x, weight, bias, labels = _inputs(180, jnp.float32)
     op = _fused_losses(labels, PREFERENCE_LABELS, _reference_inputs(181, jnp.float32))[loss]
     harness.assert_checkpoint_gives_the_same_gradients(lambda x, w, b: op(x, w, b)[0], (x, weight, bias))
+
+
+def _chunked_loss_and_oracle(loss, labels, ref, chunk_size, implementation):
+    """``(ours, oracle)`` of ``(x, weight, bias)`` for one fused preference loss in chunks of ``chunk_size`` whole
+    pairs (sequences for KTO), with options that reach every term (NLL, reference model, averaging, smoothing)."""
+    ref_kwargs = dict(zip(("ref_x", "ref_weight", "ref_bias"), ref, strict=True))
+    preference_labels = jnp.arange(labels.shape[0]) % 3 != 1
+    options = dict(chunk_size=chunk_size, implementation=implementation)
+    match loss:
+        case "dpo":
+            ours = lambda x, w, b: liger_jax.fused_linear_dpo(  # noqa: E731
+                x, w, labels, bias=b, **ref_kwargs, beta=0.5, alpha=0.7, loss_type="robust", label_smoothing=0.2,
+                average_log_prob=True, compute_nll_loss=True, **options,
+            )  # fmt: skip
+            dpo = dict(beta=0.5, alpha=0.7, loss_type="robust", eps=0.2, tau=0.05, average=True, nll=True)
+            return ours, lambda x, w, b: oracle_dpo(x, w, b, labels, ref, **dpo)
+        case "orpo":
+            ours = lambda x, w, b: liger_jax.fused_linear_orpo(x, w, labels, bias=b, beta=0.3, alpha=0.6, **options)  # noqa: E731
+            return ours, lambda x, w, b: oracle_orpo(x, w, b, labels, labels, beta=0.3, alpha=0.6)
+        case "cpo" | "simpo":
+            gamma = 0.0 if loss == "cpo" else 0.3
+            smoothed = dict(beta=0.8, alpha=0.4, eps=0.15, layout="hv", gamma=gamma, average=loss == "simpo")
+            fused = (
+                liger_jax.fused_linear_cpo
+                if loss == "cpo"
+                else functools.partial(liger_jax.fused_linear_simpo, gamma=gamma)
+            )
+            ours = lambda x, w, b: fused(x, w, labels, bias=b, beta=0.8, alpha=0.4, label_smoothing=0.15, **options)  # noqa: E731
+            return ours, lambda x, w, b: oracle_smoothed_sigmoid(x, w, b, labels, **smoothed)
+        case _:
+            kl = harness.random_normal(7, labels.shape[:1], jnp.float64, scale=0.2)
+            ours = lambda x, w, b: liger_jax.fused_linear_kto(  # noqa: E731
+                x, w, labels, preference_labels, bias=b, **ref_kwargs, kl=kl, beta=0.9, **options
+            )
+            oracle_options = dict(beta=0.9, average=False)
+            return ours, lambda x, w, b: oracle_kto(
+                x, w, b, labels, np.asarray(preference_labels), ref, kl, **oracle_options
+            )
+
+
+# (loss, whole pairs (KTO: sequences) per chunk): one, two and a remainder of one (KTO: three chunks of two), all.
+CHUNK_CASES = [("dpo", 1), ("dpo", 2), ("dpo", None), ("kto", 1), ("kto", 2), ("orpo", 2), ("cpo", 2), ("simpo", 1)]
+
+
+@pytest.mark.parametrize("loss, chunk_size", CHUNK_CASES)
+@pytest.mark.usefixtures("float64_on_host")
+def test_whole_pair_chunks_match_oracle(loss, chunk_size):
+    """Three pairs (six sequences for KTO) of odd length in chunks of whole pairs: the loss, the metrics and the
+    gradients each chunk makes in its forward pass match the oracle under jit (and through jax.grad of a jitted
+    loss)."""
+    x, weight, bias, labels = _inputs(190, batch=6)
+    ref = _reference_inputs(191, batch=6)
+    ours, oracle = _chunked_loss_and_oracle(loss, labels, ref, chunk_size, "xla")
+    _assert_loss_aux_and_grads(ours, oracle, (x, weight, bias), F64)
+    if chunk_size == 2:
+        dx = jax.grad(jax.jit(lambda *primals: ours(*primals)[0]))(x, weight, bias)
+        np.testing.assert_allclose(dx, jax.grad(lambda *primals: oracle(*primals)[0])(x, weight, bias), **F64)
+
+
+@pytest.mark.parametrize("loss", ["dpo", "kto"])
+def test_whole_pair_chunks_on_the_kernels(loss):
+    """The kernels (interpreter on CPU) in fp32, one pair (sequence) per chunk with a reference model."""
+    x, weight, bias, labels = _inputs(200, jnp.float32, batch=6)
+    ref = _reference_inputs(201, jnp.float32, batch=6)
+    ours, _ = _chunked_loss_and_oracle(loss, labels, ref, 1, harness.KERNEL_IMPLEMENTATION)
+    _, oracle = _chunked_loss_and_oracle(loss, labels, harness.as_float64(*ref), 1, None)
+    _assert_loss_aux_and_grads(ours, oracle, (x, weight, bias), harness.tolerance(jnp.float32))
+
+
+def test_vocabulary_sharded_heads_give_the_one_device_loss_and_gradients():
+    """Tensor parallelism: the policy's and the reference's heads sharded on the vocabulary (x replicated) give
+    the one-device loss, metrics and gradients, and dweight stays vocabulary-sharded."""
+    vocab = 14  # two devices' slices of 7
+    x, _, _, labels = _inputs(180, jnp.float32)
+    weight = harness.random_normal(181, (H, vocab), jnp.float32, scale=0.6)
+    bias = harness.random_normal(182, (vocab,), jnp.float32, scale=0.5)
+    ref_x = _reference_inputs(183, jnp.float32)[0]
+    ref_weight = harness.random_normal(184, (H + 2, vocab), jnp.float32, scale=0.6)
+    labels = jnp.where(labels == IGNORE, IGNORE, labels % vocab)
+    mesh_ = collectives.mesh((2,), ("tp",))
+    sharded_weight = collectives.place(weight, mesh_, None, "tp")
+    sharded = (sharded_weight, collectives.place(bias, mesh_, "tp"), collectives.place(ref_weight, mesh_, None, "tp"))
+    for name in ("dpo", "orpo", "cpo", "simpo", "kto"):
+
+        @jax.jit
+        def loss_and_grads(x, weight, bias, ref_weight, name=name):
+            op = _fused_losses(labels, PREFERENCE_LABELS, (ref_x, ref_weight, None))[name]
+            return jax.value_and_grad(op, argnums=(0, 1, 2), has_aux=True)(x, weight, bias)
+
+        expected = loss_and_grads(x, weight, bias, ref_weight)
+        got = loss_and_grads(x, *sharded)
+        for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert got[1][1].sharding.is_equivalent_to(sharded_weight.sharding, 2), name

@@ -89,6 +89,9 @@ TARGETS: dict[str, Target] = {
     "liger_jax/kernels/softmax.py": Target(None, ("tests/test_softmax.py", "tests/test_activations.py", *_NOT_XLA)),
     "liger_jax/kernels/sparsemax.py": Target(None, ("tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA)),
     "liger_jax/kernels/relu_squared.py": Target(None, ("tests/test_relu_squared.py", *_NOT_XLA)),
+    "liger_jax/kernels/neighborhood_attention.py": Target(
+        None, ("tests/test_fused_neighborhood_attention.py", *_NOT_XLA)
+    ),
     "liger_jax/kernels/group_norm.py": Target(None, ("tests/test_group_norm.py", *_NOT_XLA)),
     "liger_jax/kernels/dyt.py": Target(None, ("tests/test_norm_family.py", "-k", "dyt and not xla")),
     "liger_jax/kernels/poly_norm.py": Target(None, ("tests/test_norm_family.py", "-k", "poly and not xla")),

@@ -16,6 +16,7 @@ from benchmarks.cases import (
     norms,
     preference,
     rope,
+    score_attention,
     tiled_mlp,
 )
 
@@ -45,11 +46,14 @@ SUITE_ORDER = (
     "fused_linear_logprobs",
     "fused_linear_jsd",
     "fused_linear_distillation",
+    "fused_linear_distillation_memory",
     "qwen2vl_mrope",
     "llama4_rope",
     "tiled_mlp",
     "cross_entropy_options",
     "fused_linear_cross_entropy_options",
+    "multi_token_attention",
+    "fused_neighborhood_attention",
 )
 _ALL = {
     op.name: op
@@ -64,6 +68,7 @@ _ALL = {
         *divergences.OPS,
         *distillation.OPS,
         *tiled_mlp.OPS,
+        *score_attention.OPS,
     )
 }
 OPS: dict[str, Op] = {name: _ALL[name] for name in SUITE_ORDER}

@@ -8,6 +8,8 @@ Matmul-bound: each model's logits cost 2·N·H·V flops, and the student's dx an
 
 from __future__ import annotations
 
+import dataclasses
+
 from benchmarks import draws
 from benchmarks.case import Case, Op, TorchProgram, itemsize
 from benchmarks.providers import LIGER_JAX, LIGER_JAX_XLA, XLA, kernel_provider, xla_provider
@@ -181,6 +183,31 @@ def _liger_distillation():
     return LigerFusedLinearJSDLoss(beta=BETA, temperature=TEMPERATURE)
 
 
+# The memory variant (issue 20: compiled temporaries < 1/8 of one model's fp32 logits, N·V·4/8 = 501 MiB at the
+# target shape). With bf16 accumulation the dweight accumulator can be the gradient's own buffer (the CPU compiler
+# makes it so), leaving one chunk's [chunk, V] buffers: per logit at most both models' bf16 logits (2 + 2 B), their
+# fp32 log-probabilities (4 + 4 B), the fp32 gradient (4 B) and its bf16 rounding (2 B), 18 B (the CPU compiler
+# keeps 17). 128 rows × 128256 × 18 B = 282 MiB; 256 rows would be 564 MiB. (The 2026-12-04 H200 rows suggest
+# fewer: fused_linear_jsd's 3,014 MiB are the 2 GiB fp32 accumulator and ~7.7 B per logit of 1024-row chunks; the
+# chunk sweep shows which sizes fit.) Each chunk re-reads both heads and the accumulator, so small chunks cost time.
+MEMORY_CHUNK_ROWS = 128
+
+
+def _memory_case(params, dtype: str) -> Case:
+    """``fused_linear_distillation`` as in the plain case, with ``accum_dtype`` the heads' dtype and
+    ``params["chunk"]`` rows per chunk: the least memory, at the cost of ``N / chunk`` passes over both heads."""
+    plain_params = {k: v for k, v in params.items() if k != "chunk"}
+    plain = _teacher_case("fused_linear_distillation", _naive_distillation, _liger_distillation)(plain_params, dtype)
+    options = {"beta": BETA, "temperature": TEMPERATURE, "accum_dtype": dtype, "chunk_size": params["chunk"]}
+    return dataclasses.replace(
+        plain,
+        op="fused_linear_distillation_memory",
+        params=params,
+        providers={LIGER_JAX: kernel_provider("fused_linear_distillation", **options)},
+        torch_program=None,  # Liger's own memory is measured in the plain case's rows
+    )
+
+
 _SHAPES = {
     "targets": [
         ({"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB}, "bfloat16"),
@@ -216,5 +243,20 @@ OPS = [
         _SHAPES["targets"],
         _SHAPES["sweeps"],
         _SHAPES["smoke"],
+    ),
+    Op(
+        "fused_linear_distillation_memory",
+        _memory_case,
+        [({"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB, "chunk": MEMORY_CHUNK_ROWS}, "bfloat16")],
+        {
+            "chunk": (
+                "chunk",
+                [{"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB, "chunk": c} for c in (128, 256, 512, 1024)],
+            )
+        },
+        [
+            ({"tokens": 37, "hidden": 32, "vocab": 300, "chunk": 16}, "float32"),
+            ({"tokens": 64, "hidden": 64, "vocab": 512, "chunk": 16}, "bfloat16"),
+        ],
     ),
 ]

@@ -16,7 +16,7 @@ def check_group_normalization(module: str, layer, ndim: int, mask) -> None:
         ndim: the rank of the input.
         mask: the ``mask`` argument of the call.
     """
-    _options.check_unset(module, mask=mask, axis_name=layer.axis_name, axis_index_groups=layer.axis_index_groups)
+    _options.check_local_statistics(module, layer, mask)
     if ndim < 2:
         raise ValueError(f"{module}: the input needs a batch axis and a channel axis, got rank {ndim}")
     if layer.reduction_axes is not None:
@@ -26,8 +26,6 @@ def check_group_normalization(module: str, layer, ndim: int, mask) -> None:
                 f"{module}: liger_jax normalises over every axis but the first (flax's default), got "
                 f"reduction_axes={layer.reduction_axes!r} for a rank-{ndim} input; use the flax module for others"
             )
-    if not getattr(layer, "force_float32_reductions", True):
-        raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")
 
 
 def group_count(module: str, num_groups: int | None, group_size: int | None, channels: int) -> int:

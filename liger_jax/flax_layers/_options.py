@@ -21,11 +21,20 @@ def check_unset(module: str, **options) -> None:
             raise ValueError(f"{module}: {argument}={value!r} is not supported by the liger_jax kernel")
 
 
+def check_local_statistics(module: str, layer, mask=None) -> None:
+    """Raises ValueError for a flax normalisation layer's statistics that no kernel computes: across devices
+    (``axis_name``, ``axis_index_groups``), under a ``mask`` (the call's argument), and linen's
+    ``force_float32_reductions=False`` (the kernels always reduce in fp32)."""
+    check_unset(module, mask=mask, axis_name=layer.axis_name, axis_index_groups=layer.axis_index_groups)
+    if not getattr(layer, "force_float32_reductions", True):
+        raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")
+
+
 def check_normalization(module: str, layer, ndim: int, mask) -> None:
     """Raises ValueError for a flax normalisation layer's options that the row kernels do not compute.
 
-    Those are statistics over an axis other than the last (``reduction_axes``, ``feature_axes``), across devices
-    (``axis_name``, ``axis_index_groups``), under a ``mask``, and linen's ``force_float32_reductions=False``.
+    Those are statistics over an axis other than the last (``reduction_axes``, ``feature_axes``) and those of
+    :func:`check_local_statistics`.
 
     Args:
         module: the layer's class name, for the message.
@@ -33,11 +42,15 @@ def check_normalization(module: str, layer, ndim: int, mask) -> None:
         ndim: the rank of the input.
         mask: the ``mask`` argument of the call.
     """
-    check_unset(module, mask=mask, axis_name=layer.axis_name, axis_index_groups=layer.axis_index_groups)
+    check_local_statistics(module, layer, mask)
     check_last_axis(module, "reduction_axes", layer.reduction_axes, ndim)
     check_last_axis(module, "feature_axes", layer.feature_axes, ndim)
-    if not getattr(layer, "force_float32_reductions", True):
-        raise ValueError(f"{module}: the liger_jax kernel always reduces in fp32 (force_float32_reductions=True)")
+
+
+def check_offset(module: str, offset: float, use_scale: bool) -> None:
+    """Raises ValueError for an RMSNorm ``offset`` without a ``scale`` to add it to."""
+    if offset and not use_scale:
+        raise ValueError(f"{module}: offset needs use_scale=True (the offset is added to the scale)")
 
 
 LOSS_OPTION_NAMES = (

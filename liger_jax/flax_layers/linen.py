@@ -8,6 +8,7 @@ from flax.linen.linear import default_kernel_init
 
 from liger_jax import runtime
 from liger_jax.flax_layers import _groups, _options
+from liger_jax.flax_layers.score_attention import LinenFusedNeighborhoodAttention, LinenMultiTokenAttention
 from liger_jax.flax_layers.tiled_mlp import LinenTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
@@ -49,8 +50,7 @@ class RMSNorm(nn.RMSNorm):
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
         """Normalises ``x [..., D]``; returns the same shape in flax's output dtype."""
         _options.check_normalization("RMSNorm", self, x.ndim, mask)
-        if self.offset and not self.use_scale:
-            raise ValueError("RMSNorm: offset needs use_scale=True (the offset is added to the scale)")
+        _options.check_offset("RMSNorm", self.offset, self.use_scale)
         if self.use_scale:
             scale = self.param("scale", self.scale_init, x.shape[-1:], self.param_dtype)
         else:
@@ -297,6 +297,10 @@ class GEGLUMLP(_GatedMLP):
 
 # Any MLP computed tile by tile over the sequence with recompute (see liger_jax.flax_layers.tiled_mlp).
 TiledMLP = LinenTiledMLP
+
+# Attention-score layers, flax-style params (see liger_jax.flax_layers.score_attention).
+MultiTokenAttention = LinenMultiTokenAttention
+FusedNeighborhoodAttention = LinenFusedNeighborhoodAttention
 
 
 class Softmax(nn.Module):
@@ -564,13 +568,14 @@ class FusedLinearJSD(_DenseHead):
     (:func:`liger_jax.fused_linear_jsd`); neither model's logits are built.
 
     The student's params as :class:`FusedLinearCrossEntropy`; the teacher's head comes in at call time (a frozen
-    model's params, no gradient). Fields: Dense's, then ``beta``, ``ignore_index``, ``temperature``, ``chunk_size``
-    and ``implementation`` as :func:`liger_jax.fused_linear_jsd`.
+    model's params, no gradient). Fields: Dense's, then ``beta``, ``ignore_index``, ``temperature``,
+    ``accum_dtype``, ``chunk_size`` and ``implementation`` as :func:`liger_jax.fused_linear_jsd`.
     """
 
     beta: float = 0.5
     ignore_index: int = -100
     temperature: float = 1.0
+    accum_dtype: jnp.dtype = jnp.float32
     chunk_size: int | None = None
     implementation: runtime.Implementation | None = None
 
@@ -599,6 +604,7 @@ class FusedLinearJSD(_DenseHead):
             student_bias=bias,
             teacher_bias=teacher_bias,
             weight_layout=layout,
+            accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
         )
@@ -619,6 +625,7 @@ class FusedLinearDistillationLoss(_DenseHead):
     temperature: float = 1.0
     ignore_index: int = -100
     return_soft_hard_loss: bool = False
+    accum_dtype: jnp.dtype = jnp.float32
     chunk_size: int | None = None
     implementation: runtime.Implementation | None = None
 
@@ -651,6 +658,7 @@ class FusedLinearDistillationLoss(_DenseHead):
             teacher_bias=teacher_bias,
             return_soft_hard_loss=self.return_soft_hard_loss,
             weight_layout=layout,
+            accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
         )

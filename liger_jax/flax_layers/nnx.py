@@ -6,6 +6,7 @@ from flax import nnx
 
 from liger_jax import runtime
 from liger_jax.flax_layers import _groups, _options
+from liger_jax.flax_layers.score_attention import NNXFusedNeighborhoodAttention, NNXMultiTokenAttention
 from liger_jax.flax_layers.tiled_mlp import NNXTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
@@ -49,9 +50,8 @@ class RMSNorm(nnx.RMSNorm):
         **flax_options,
     ):
         super().__init__(num_features, **flax_options)
-        _options.check_unset("RMSNorm", axis_name=self.axis_name, axis_index_groups=self.axis_index_groups)
-        if offset and not self.use_scale:
-            raise ValueError("RMSNorm: offset needs use_scale=True (the offset is added to the scale)")
+        _options.check_local_statistics("RMSNorm", self)
+        _options.check_offset("RMSNorm", offset, self.use_scale)
         self.offset = offset
         self.casting_mode = casting_mode
         self.implementation = implementation
@@ -85,7 +85,7 @@ class LayerNorm(nnx.LayerNorm):
 
     def __init__(self, num_features: int, *, implementation: runtime.Implementation | None = None, **flax_options):
         super().__init__(num_features, **flax_options)
-        _options.check_unset("LayerNorm", axis_name=self.axis_name, axis_index_groups=self.axis_index_groups)
+        _options.check_local_statistics("LayerNorm", self)
         self.implementation = implementation
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -116,7 +116,7 @@ class GroupNorm(nnx.GroupNorm):
         **flax_options,
     ):
         super().__init__(num_features, num_groups, group_size, **flax_options)
-        _options.check_unset("GroupNorm", axis_name=self.axis_name, axis_index_groups=self.axis_index_groups)
+        _options.check_local_statistics("GroupNorm", self)
         self.implementation = implementation
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -381,6 +381,10 @@ class GEGLUMLP(_GatedMLP):
 
 # Any MLP computed tile by tile over the sequence with recompute (see liger_jax.flax_layers.tiled_mlp).
 TiledMLP = NNXTiledMLP
+
+# Attention-score layers, flax-style params (see liger_jax.flax_layers.score_attention).
+MultiTokenAttention = NNXMultiTokenAttention
+FusedNeighborhoodAttention = NNXFusedNeighborhoodAttention
 
 
 class Softmax(nnx.Module):
@@ -718,7 +722,7 @@ class FusedLinearJSD(nnx.Module):
     through :func:`liger_jax.fused_linear_jsd`; no params. The teacher gets no gradient.
 
     Args:
-        beta, ignore_index, temperature, chunk_size, implementation: as :func:`liger_jax.fused_linear_jsd`.
+        beta, ignore_index, temperature, accum_dtype, chunk_size, implementation: as :func:`liger_jax.fused_linear_jsd`.
 
     Example:
         >>> loss = FusedLinearJSD(beta=0.5)(student.lm_head, h_student, teacher.lm_head, h_teacher, labels)
@@ -730,12 +734,14 @@ class FusedLinearJSD(nnx.Module):
         beta: float = 0.5,
         ignore_index: int = -100,
         temperature: float = 1.0,
+        accum_dtype=jnp.float32,
         chunk_size: int | None = None,
         implementation: runtime.Implementation | None = None,
     ):
         self.beta = beta
         self.ignore_index = ignore_index
         self.temperature = temperature
+        self.accum_dtype = accum_dtype
         self.chunk_size = chunk_size
         self.implementation = implementation
 
@@ -757,6 +763,7 @@ class FusedLinearJSD(nnx.Module):
             student_bias=bias,
             teacher_bias=teacher_bias,
             weight_layout=layout,
+            accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
         )
@@ -769,7 +776,7 @@ class FusedLinearDistillationLoss(nnx.Module):
 
     Args:
         divergence, weight_hard_loss, weight_soft_loss, beta, temperature, ignore_index, return_soft_hard_loss,
-            chunk_size, implementation: as :func:`liger_jax.fused_linear_distillation`.
+            accum_dtype, chunk_size, implementation: as :func:`liger_jax.fused_linear_distillation`.
 
     Example:
         >>> loss_fn = FusedLinearDistillationLoss(divergence="kl", temperature=2.0)
@@ -786,6 +793,7 @@ class FusedLinearDistillationLoss(nnx.Module):
         temperature: float = 1.0,
         ignore_index: int = -100,
         return_soft_hard_loss: bool = False,
+        accum_dtype=jnp.float32,
         chunk_size: int | None = None,
         implementation: runtime.Implementation | None = None,
     ):
@@ -796,6 +804,7 @@ class FusedLinearDistillationLoss(nnx.Module):
         self.temperature = temperature
         self.ignore_index = ignore_index
         self.return_soft_hard_loss = return_soft_hard_loss
+        self.accum_dtype = accum_dtype
         self.chunk_size = chunk_size
         self.implementation = implementation
 
@@ -824,6 +833,7 @@ class FusedLinearDistillationLoss(nnx.Module):
             teacher_bias=teacher_bias,
             return_soft_hard_loss=self.return_soft_hard_loss,
             weight_layout=layout,
+            accum_dtype=self.accum_dtype,
             chunk_size=self.chunk_size,
             implementation=self.implementation,
         )

@@ -116,12 +116,14 @@ def _block_terms(
 
 
 @triton.jit
-def divergence_loss(
+def divergence(
     input_ptr,  # [n_rows, n_cols] any float dtype
     target_ptr,  # [n_rows, n_cols] any float dtype
     labels_ptr,  # [n_rows] int, read only when HAS_LABELS
+    grad_scale_ptr,  # [n_rows] fp32, read only WITH_GRAD
     n_rows,
     loss_ptr,  # [n_rows] fp32, or [n_rows, n_cols] fp32 when ELEMENTWISE
+    dinput_ptr,  # [n_rows, n_cols] the gradient's dtype, written only WITH_GRAD
     n_cols: tl.constexpr,
     ignore_index: tl.constexpr,
     DIVERGENCE: tl.constexpr,
@@ -130,49 +132,16 @@ def divergence_loss(
     eps: tl.constexpr,
     HAS_LABELS: tl.constexpr,
     ELEMENTWISE: tl.constexpr,
+    WITH_GRAD: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Each row's loss (or, ELEMENTWISE, each element's term): one read of input and target."""
+    """Each row's loss (or, ELEMENTWISE, each element's term) and, WITH_GRAD, grad_scale · d(row loss)/dx: one read
+    of input and target."""
     rows, row_exists, active = _program_rows(labels_ptr, n_rows, ignore_index, HAS_LABELS, BLOCK_ROWS)
-    total = tl.zeros((BLOCK_ROWS,), tl.float32)
-    for block in range(NUM_V_BLOCKS):
-        offsets, stored, loss, _ = _block_terms(
-            input_ptr, target_ptr, rows, row_exists, active, block, n_cols, DIVERGENCE, beta, log_target, eps, BLOCK_V
-        )
-        if ELEMENTWISE:
-            tl.store(loss_ptr + offsets, loss, mask=stored)
-        else:
-            total += tl.sum(loss, axis=1)
-    if not ELEMENTWISE:
-        tl.store(loss_ptr + rows, total, mask=row_exists)
-
-
-@triton.jit
-def divergence_loss_and_grad(
-    input_ptr,  # [n_rows, n_cols] any float dtype
-    target_ptr,  # [n_rows, n_cols] any float dtype
-    labels_ptr,  # [n_rows] int, read only when HAS_LABELS
-    grad_scale_ptr,  # [n_rows] fp32
-    n_rows,
-    loss_ptr,  # [n_rows] fp32, or [n_rows, n_cols] fp32 when ELEMENTWISE
-    dinput_ptr,  # [n_rows, n_cols] the gradient's dtype
-    n_cols: tl.constexpr,
-    ignore_index: tl.constexpr,
-    DIVERGENCE: tl.constexpr,
-    beta: tl.constexpr,
-    log_target: tl.constexpr,
-    eps: tl.constexpr,
-    HAS_LABELS: tl.constexpr,
-    ELEMENTWISE: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    NUM_V_BLOCKS: tl.constexpr,
-):
-    """Each row's loss (or each element's term) and grad_scale · d(row loss)/dx, in the same single pass."""
-    rows, row_exists, active = _program_rows(labels_ptr, n_rows, ignore_index, HAS_LABELS, BLOCK_ROWS)
-    scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
+    if WITH_GRAD:
+        scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
     total = tl.zeros((BLOCK_ROWS,), tl.float32)
     for block in range(NUM_V_BLOCKS):
         offsets, stored, loss, grad = _block_terms(
@@ -182,7 +151,8 @@ def divergence_loss_and_grad(
             tl.store(loss_ptr + offsets, loss, mask=stored)
         else:
             total += tl.sum(loss, axis=1)
-        grad = grad * scale[:, None]
-        tl.store(dinput_ptr + offsets, grad.to(dinput_ptr.dtype.element_ty), mask=stored)
+        if WITH_GRAD:
+            grad = grad * scale[:, None]
+            tl.store(dinput_ptr + offsets, grad.to(dinput_ptr.dtype.element_ty), mask=stored)
     if not ELEMENTWISE:
         tl.store(loss_ptr + rows, total, mask=row_exists)

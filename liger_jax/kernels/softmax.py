@@ -1,17 +1,16 @@
 """Softmax kernels over the last axis: y = exp(x - max(x)) / Σ exp(x - max(x)), and its backward from y,
 dx = y · (dy - Σ dy · y).
 
-Rows are cut as in the other row kernels (see ``liger_jax.kernels._rows``). A row that fits one tile is loaded once
-and kept in registers. A longer one is walked in column blocks: the forward first keeps a running max and a running
-sum of exponentials rescaled to it (online softmax), then writes y block by block; the backward first sums dy · y,
-then writes dx. All arithmetic is fp32; each output is rounded once to its dtype.
+Rows are walked as in ``liger_jax.kernels._row_maps``: the forward's statistics are a running max and a running sum
+of exponentials rescaled to it (online softmax), the backward's is Σ dy · y. All arithmetic is fp32; each output is
+rounded once to its dtype.
 """
 
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._row_maps import load_logits, load_pair
-from liger_jax.kernels._rows import reversed_block, row_block
+from liger_jax.kernels._row_maps import map_logit_rows, map_pair_rows
+from liger_jax.kernels._rows import row_block
 
 
 @triton.jit
@@ -19,6 +18,32 @@ def _shift(row_max):
     """The value each row's exponentials are taken relative to: its max, or 0 while the row holds only -inf
     (exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN)."""
     return tl.where(row_max == float("-inf"), 0.0, row_max)
+
+
+@triton.jit
+def _add_exponentials(row_max, row_sum, x, _):
+    """The running (max, Σ exp(x - max)) after the tile x; the sum so far is rescaled from the old max to the new."""
+    new_max = tl.maximum(row_max, tl.max(x, axis=1))
+    shift = _shift(new_max)
+    return new_max, row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+
+
+@triton.jit
+def _probabilities(x, row_max, row_sum):
+    """y = exp(x - max) / Σ exp(x - max) of a tile."""
+    return tl.exp(x - _shift(row_max)[:, None]) / row_sum[:, None]
+
+
+@triton.jit
+def _add_dot(dot, unused, dy, y):
+    """The running Σ dy · y after a tile (the second statistic is unused)."""
+    return dot + tl.sum(dy * y, axis=1), unused
+
+
+@triton.jit
+def _gradient(dy, y, dot, unused):
+    """dx = y · (dy - Σ dy · y) of a tile."""
+    return y * (dy - dot[:, None])
 
 
 @triton.jit
@@ -33,26 +58,11 @@ def softmax_fwd(
 ):
     """y = softmax(x) for BLOCK_ROWS rows, in one tile or in column blocks."""
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
-    if n_cols <= BLOCK_D:
-        offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        exps = tl.exp(x - _shift(tl.max(x, axis=1))[:, None])
-        y = exps / tl.sum(exps, axis=1)[:, None]
-        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
-        row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            _, _, x = load_logits(x_ptr, rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            new_max = tl.maximum(row_max, tl.max(x, axis=1))
-            shift = _shift(new_max)
-            # The sum so far is rescaled from the old max to the new one.
-            row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
-            row_max = new_max
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
-            offsets, mask, x = load_logits(x_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            y = tl.exp(x - _shift(row_max)[:, None]) / row_sum[:, None]
-            tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
+    row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
+    map_logit_rows(
+        x_ptr, y_ptr, rows, row_max, row_sum, n_rows, n_cols, row_stride, BLOCK_D, _add_exponentials, _probabilities
+    )
 
 
 @triton.jit
@@ -68,16 +78,5 @@ def softmax_bwd(
 ):
     """dx = y · (dy - Σ dy · y) for BLOCK_ROWS rows, in one tile or in column blocks."""
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
-    if n_cols <= BLOCK_D:
-        offsets, mask, dy, y = load_pair(dy_ptr, y_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:
-        dot = tl.zeros((BLOCK_ROWS,), tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            _, _, dy, y = load_pair(dy_ptr, y_ptr, rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            dot += tl.sum(dy * y, axis=1)
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
-            offsets, mask, dy, y = load_pair(dy_ptr, y_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            tl.store(dx_ptr + offsets, (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
+    zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
+    map_pair_rows(dy_ptr, y_ptr, dx_ptr, rows, zeros, zeros, n_rows, n_cols, row_stride, BLOCK_D, _add_dot, _gradient)

@@ -12,15 +12,16 @@ support, τ is the exact solution for it. It takes at most D steps and, on LLM-l
 starts on the few entries within 1 of the max. A program iterates until none of its rows' supports shrank; a row
 that already converged recomputes the same τ.
 
-A row that fits one tile stays in registers through the iteration. A longer one is walked in column blocks, one pass
-per iteration for the support's count and sum. All arithmetic is fp32; y and dx are rounded once to their dtype.
+A row that fits one tile stays in registers through the iteration. A longer one is walked in column blocks (see
+``liger_jax.kernels._row_maps``), one pass per iteration for the support's count and sum. All arithmetic is fp32; y
+and dx are rounded once to their dtype.
 """
 
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._row_maps import load_logits, load_pair
-from liger_jax.kernels._rows import reversed_block, row_block
+from liger_jax.kernels._row_maps import fold_logit_blocks, load_logits, map_pair_rows, store_logit_blocks
+from liger_jax.kernels._rows import row_block
 
 
 @triton.jit
@@ -31,16 +32,16 @@ def _support(x, tau):
 
 
 @triton.jit
-def _support_in_blocks(x_ptr, rows, tau, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """:func:`_support` of whole rows read in column blocks."""
-    count = tl.zeros((BLOCK_ROWS,), tl.int32)
-    total = tl.zeros((BLOCK_ROWS,), tl.float32)
-    for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-        _, _, x = load_logits(x_ptr, rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-        block_count, block_total = _support(x, tau)
-        count += block_count
-        total += block_total
-    return count, total
+def _add_support(count, total, x, tau):
+    """The running :func:`_support` after the tile x."""
+    block_count, block_total = _support(x, tau)
+    return count + block_count, total + block_total
+
+
+@triton.jit
+def _add_max(row_max, unused, x, _):
+    """The running row max after the tile x (the second statistic is unused)."""
+    return tl.maximum(row_max, tl.max(x, axis=1)), unused
 
 
 @triton.jit
@@ -57,6 +58,12 @@ def _any_shrank(new_count, count):
 
 
 @triton.jit
+def _projection(x, tau, unused):
+    """y = max(x - τ, 0) of a tile."""
+    return tl.maximum(x - tau[:, None], 0.0)
+
+
+@triton.jit
 def sparsemax_fwd(
     x_ptr,  # [n_rows, n_cols] x.dtype
     n_rows,
@@ -68,6 +75,8 @@ def sparsemax_fwd(
 ):
     """y = max(x - τ, 0) for BLOCK_ROWS rows, τ found by the support iteration, in one tile or in column blocks."""
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
+    no_support = tl.zeros((BLOCK_ROWS,), tl.int32)
     if n_cols <= BLOCK_D:
         offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
         tau = tl.max(x, axis=1) - 1.0
@@ -78,36 +87,37 @@ def sparsemax_fwd(
             new_count, total = _support(x, tau)
             shrinking = _any_shrank(new_count, count)
             count = new_count
-        tl.store(y_ptr + offsets, tl.maximum(x - tau[:, None], 0.0).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + offsets, _projection(x, tau, zeros).to(y_ptr.dtype.element_ty), mask=mask)
     else:
         row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            _, _, x = load_logits(x_ptr, rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            row_max = tl.maximum(row_max, tl.max(x, axis=1))
+        row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
         tau = row_max - 1.0
-        count, total = _support_in_blocks(x_ptr, rows, tau, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        count, total = fold_logit_blocks(
+            x_ptr, rows, no_support, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+        )
         shrinking = True
         while shrinking:
             tau = _threshold(count, total)
-            new_count, total = _support_in_blocks(x_ptr, rows, tau, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+            new_count, total = fold_logit_blocks(
+                x_ptr, rows, no_support, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+            )
             shrinking = _any_shrank(new_count, count)
             count = new_count
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
-            offsets, mask, x = load_logits(x_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            tl.store(y_ptr + offsets, tl.maximum(x - tau[:, None], 0.0).to(y_ptr.dtype.element_ty), mask=mask)
+        store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
 
 
 @triton.jit
-def _support_sums(dy, y):
-    """Per row of a tile: |S| and Σ_S dy, fp32, with S = {y > 0} (masked elements read y = 0)."""
+def _add_support_sums(count, total, dy, y):
+    """The running |S| and Σ_S dy, fp32, after a tile, with S = {y > 0} (masked elements read y = 0)."""
     support = y > 0.0
-    return tl.sum(support.to(tl.float32), axis=1), tl.sum(tl.where(support, dy, 0.0), axis=1)
+    return count + tl.sum(support.to(tl.float32), axis=1), total + tl.sum(tl.where(support, dy, 0.0), axis=1)
 
 
 @triton.jit
-def _gradient(dy, y, mean):
+def _gradient(dy, y, count, total):
     """dx of a tile: dy - mean_S(dy) on the support, 0 off it."""
+    # Rows past n_rows have an empty support; every real row's output sums to 1, so its support is not empty.
+    mean = total / tl.maximum(count, 1.0)
     return tl.where(y > 0.0, dy - mean[:, None], 0.0)
 
 
@@ -124,22 +134,7 @@ def sparsemax_bwd(
 ):
     """dx = dy - mean_S(dy) on S = {y > 0}, 0 off it, for BLOCK_ROWS rows, in one tile or in column blocks."""
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
-    if n_cols <= BLOCK_D:
-        offsets, mask, dy, y = load_pair(dy_ptr, y_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        count, total = _support_sums(dy, y)
-        # Rows past n_rows have an empty support; every real row's output sums to 1, so its support is not empty.
-        dx = _gradient(dy, y, total / tl.maximum(count, 1.0))
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:
-        count = tl.zeros((BLOCK_ROWS,), tl.float32)
-        total = tl.zeros((BLOCK_ROWS,), tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            _, _, dy, y = load_pair(dy_ptr, y_ptr, rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            block_count, block_total = _support_sums(dy, y)
-            count += block_count
-            total += block_total
-        mean = total / tl.maximum(count, 1.0)
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
-            offsets, mask, dy, y = load_pair(dy_ptr, y_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            tl.store(dx_ptr + offsets, _gradient(dy, y, mean).to(dx_ptr.dtype.element_ty), mask=mask)
+    zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
+    map_pair_rows(
+        dy_ptr, y_ptr, dx_ptr, rows, zeros, zeros, n_rows, n_cols, row_stride, BLOCK_D, _add_support_sums, _gradient
+    )

@@ -49,11 +49,16 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "softmax": 2**24,  # x: rows × D
     "sparsemax": 2**24,  # x: rows × D
     "relu_squared": 2**26,  # x: all elements
+    # Not measured yet. Multi-token attention launches softmax's kernels over its score map: softmax's entry.
+    # Neighborhood attention's band kernels never build the [B, H, S, S] map XLA builds: a guess of 1M elements.
+    "multi_token_attention": 2**24,  # scores: batch × heads × L × L
+    "fused_neighborhood_attention": 2**20,  # query: batch × S × heads × head_dim
 }
 # Rows longer than this run XLA by default: from D = 32768 the norms' backward can no longer keep a row on chip and
-# walks it twice (column blocks), which measured 0.72-0.92x XLA's fwd+bwd on the H200 (benchmarks/norm_tiling.py,
-# 4096 rows, bf16); at D = 16384 the kernels are 1.5-2.0x XLA.
-MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 16384, "layer_norm": 16384, "fused_add_rms_norm": 16384}
+# walks it twice (column blocks), which measured 0.73-0.80x XLA's fwd+bwd for RMSNorm and LayerNorm on the H200
+# (16384 × 32768 bf16, benchmarks' hidden sweep); at D = 16384 the kernels are 1.4-2.1x XLA. Fused add+RMSNorm
+# still wins at 32768 (1.25x: XLA's add and norm are two passes of their own), so its bound is one step higher.
+MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 16384, "layer_norm": 16384, "fused_add_rms_norm": 32768}
 
 
 def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -> runtime.Implementation:

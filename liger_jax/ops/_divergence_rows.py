@@ -183,21 +183,27 @@ def _loss_shape(n_rows: int, n_cols: int, divergence: Divergence) -> jax.ShapeDt
     return jax.ShapeDtypeStruct((n_rows, n_cols) if divergence.elementwise else (n_rows,), jnp.float32)
 
 
-def _launch(kernel, divergence: Divergence, input, target, row_operands, out_shape):
-    """``kernel`` over ``input``/``target`` ``[..., V]`` seen as rows, ``row_operands`` ``[...]`` flattened alike."""
-    n_cols = input.shape[-1]
+def _launch(divergence: Divergence, input, target, labels, grad_scale=None):
+    """The divergence kernel over ``input``/``target`` ``[..., V]`` seen as rows, ``labels`` ``[...]`` flattened alike:
+    ``losses``, or ``(losses, dinput)`` when ``grad_scale`` ``[...]`` is given (the kernel's WITH_GRAD)."""
+    from liger_jax.kernels import divergence as kernels
+
+    n_rows, n_cols = labels.size, input.shape[-1]
     limit = INTERPRETER_MAX_BLOCK_V if divergence.implementation == "interpret" else MAX_BLOCK_V
     block_v = min(limit, _tiling.next_power_of_2(n_cols))
     # Short rows share a program so each still moves a few thousand elements.
     block_rows = _tiling.rows_per_tile(block_v)
-    n_rows = int(np.prod(input.shape[:-1]))
-    return runtime.launch(
-        kernel,
+    with_grad = grad_scale is not None
+    # Without the gradient, grad_scale and dinput are one-element placeholders the kernel never touches.
+    dinput_shape = (n_rows, n_cols) if with_grad else (1,)
+    outputs = runtime.launch(
+        kernels.divergence,
         input.reshape(n_rows, n_cols),
         target.reshape(n_rows, n_cols),
-        *(operand.reshape(n_rows) for operand in row_operands),
+        labels.reshape(n_rows),
+        grad_scale.reshape(n_rows).astype(jnp.float32) if with_grad else jnp.zeros((1,), jnp.float32),
         n_rows,
-        out_shape=out_shape,
+        out_shape=(_loss_shape(n_rows, n_cols, divergence), jax.ShapeDtypeStruct(dinput_shape, input.dtype)),
         grid=(_tiling.cdiv(n_rows, block_rows),),
         implementation=divergence.implementation,
         # 32 fp32 values per thread per operand, at least 4 warps.
@@ -210,10 +216,13 @@ def _launch(kernel, divergence: Divergence, input, target, row_operands, out_sha
         eps=float(divergence.eps),
         HAS_LABELS=divergence.has_labels,
         ELEMENTWISE=divergence.elementwise,
+        WITH_GRAD=with_grad,
         BLOCK_ROWS=block_rows,
         BLOCK_V=block_v,
         NUM_V_BLOCKS=_tiling.cdiv(n_cols, block_v),
     )
+    loss = outputs[0].reshape(input.shape if divergence.elementwise else labels.shape)
+    return (loss, outputs[1].reshape(input.shape)) if with_grad else loss
 
 
 def _loss_factors(divergence: Divergence) -> str:
@@ -222,12 +231,8 @@ def _loss_factors(divergence: Divergence) -> str:
 
 @functools.cache
 def _kernel_losses(divergence: Divergence):
-    from liger_jax.kernels import divergence as kernels
-
     def losses(input, target, labels):
-        out_shape = _loss_shape(labels.size, input.shape[-1], divergence)
-        loss = _launch(kernels.divergence_loss, divergence, input, target, (labels,), out_shape)
-        return loss.reshape(input.shape if divergence.elementwise else labels.shape)
+        return _launch(divergence, input, target, labels)
 
     # Rows shard freely; each launch needs its rows whole.
     sharded = partitioned(losses, f"... v, ... v, ... -> {_loss_factors(divergence)}", replicated=("v",))
@@ -236,14 +241,8 @@ def _kernel_losses(divergence: Divergence):
 
 @functools.cache
 def _kernel_losses_and_grads(divergence: Divergence):
-    from liger_jax.kernels import divergence as kernels
-
     def losses_and_grads(input, target, labels, grad_scale):
-        n_rows, n_cols = labels.size, input.shape[-1]
-        out_shape = (_loss_shape(n_rows, n_cols, divergence), jax.ShapeDtypeStruct((n_rows, n_cols), input.dtype))
-        operands = (labels, grad_scale.astype(jnp.float32))
-        loss, dinput = _launch(kernels.divergence_loss_and_grad, divergence, input, target, operands, out_shape)
-        return loss.reshape(input.shape if divergence.elementwise else labels.shape), dinput.reshape(input.shape)
+        return _launch(divergence, input, target, labels, grad_scale)
 
     rule = f"... v, ... v, ..., ... -> {_loss_factors(divergence)}, ... v"
     sharded = partitioned(losses_and_grads, rule, replicated=("v",))

@@ -62,14 +62,19 @@ def chunk_logits_bound(n_rows: int, hidden: int, n_classes: int, x_dtype, accum_
 def default_chunk_rows(
     n_rows: int, hidden: int, n_classes: int, x_dtype, logits_dtype, accum_dtype=jnp.float32, logit_bytes=None
 ) -> int:
-    """Rows per chunk when ``chunk_size`` is None: as many as keep the chunk's ``logits_dtype`` logits (or
-    ``logit_bytes`` per logit, for a loss that holds several ``[chunk, V]`` buffers at once) within
-    :func:`chunk_logits_bound`, at most MAX_CHUNK_ROWS and ``n_rows``, whole CHUNK_ROW_MULTIPLEs from there up."""
+    """Rows per chunk when ``chunk_size`` is None: the rows split into as few chunks as keep each chunk's
+    ``logits_dtype`` logits (or ``logit_bytes`` per logit, for a loss that holds several ``[chunk, V]`` buffers at
+    once) within :func:`chunk_logits_bound` and at most MAX_CHUNK_ROWS rows, the chunks as even as whole
+    CHUNK_ROW_MULTIPLEs allow (2048 rows that may take 1536 a chunk run as 1024 + 1024, not 1536 + 512)."""
     bound = chunk_logits_bound(n_rows, hidden, n_classes, x_dtype, accum_dtype)
-    rows = min(MAX_CHUNK_ROWS, bound // (n_classes * (logit_bytes or jnp.dtype(logits_dtype).itemsize)))
-    if rows >= CHUNK_ROW_MULTIPLE:
-        rows -= rows % CHUNK_ROW_MULTIPLE
-    return max(1, min(rows, n_rows))
+    largest = min(MAX_CHUNK_ROWS, bound // (n_classes * (logit_bytes or jnp.dtype(logits_dtype).itemsize)))
+    if largest >= CHUNK_ROW_MULTIPLE:
+        largest -= largest % CHUNK_ROW_MULTIPLE
+    largest = max(1, min(largest, n_rows))
+    even = -(-n_rows // -(-n_rows // largest))
+    if largest >= CHUNK_ROW_MULTIPLE:
+        even = -(-even // CHUNK_ROW_MULTIPLE) * CHUNK_ROW_MULTIPLE
+    return even
 
 
 def check_linear_operands(x, weight, bias, weight_layout, implementation, names=("x", "weight", "bias")) -> int:
@@ -92,6 +97,12 @@ def check_linear_operands(x, weight, bias, weight_layout, implementation, names=
         _checks.check_floating(bias_name, bias, implementation)
         _checks.check_shape(bias_name, bias, (n_classes,), f"the vocabulary axis of {weight_name}")
     return n_classes
+
+
+def check_accum_dtype(accum_dtype) -> None:
+    """Raises TypeError unless ``accum_dtype`` is a floating dtype."""
+    if not jnp.issubdtype(jnp.dtype(accum_dtype), jnp.floating):
+        raise TypeError(f"accum_dtype must be a floating dtype, got {accum_dtype!r}")
 
 
 def check_chunk_size(chunk_size) -> None:
@@ -187,6 +198,7 @@ def run_chunks(
     grads: bool,
     teacher: tuple | None = None,
     vocab_operands: Sequence[jax.Array] = (),
+    whole_groups: bool = False,
 ) -> ChunkResults:
     """The chunk loop on each device's rows and vocabulary slice, for any sharding (``ops.vocab_parallel``).
 
@@ -203,6 +215,8 @@ def run_chunks(
             ``result_type(teacher_x, teacher_weight)``, go to ``row_math`` right after the chunk's logits.
         vocab_operands: arrays ``[V]`` (sharded with the vocabulary) handed whole to ``row_math`` as the keyword
             ``vocab_operands`` (only when there are any).
+        whole_groups: x's last row axis (``x [..., R, H]``, row operands ``[..., R]``) holds groups of ``R`` rows
+            ``row_math`` needs together: it is never sharded, and ``plan.chunk_rows`` must be a multiple of ``R``.
 
     Returns:
         :class:`ChunkResults`: ``values`` ``[...]`` each in ``promote(logits dtype, float32)``; dx ``[..., H]`` in
@@ -219,6 +233,7 @@ def run_chunks(
         grads,
         teacher_bias,
         len(vocab_operands),
+        whole_groups,
     )
     heads = (x, weight, bias) + (() if teacher is None else tuple(teacher))
     return sharded(*(a for a in heads if a is not None), *row_operands, *vocab_operands)

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks
+from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._cross_entropy_checks import check_labels
+from liger_jax.ops._linear_chunks import check_linear_operands
 from liger_jax.ops.fused_linear_cross_entropy import WEIGHT_LAYOUTS, WeightLayout
 from liger_jax.ops.fused_linear_logprobs import fused_linear_logprobs
 
@@ -161,10 +162,9 @@ def labelled_sequence_logprobs(
         label is ``ignore_index``, where ``mask`` is False), per-sequence sums or means, and the reference model's
         (no gradient).
     """
-    n_classes = check_head("", x, weight, bias, weight_layout)
-    ignore_index = checked_ignore_index(ignore_index)
-    check_tokens("labels", labels, x, n_classes, ignore_index)
-    has_reference = check_reference_head(x, weight, ref_x, ref_weight, ref_bias, weight_layout)
+    ignore_index, has_reference = check_labelled_inputs(
+        x, weight, labels, bias, ref_x, ref_weight, ref_bias, ignore_index, weight_layout
+    )
     options = dict(temperature=1.0, weight_layout=weight_layout, implementation=implementation)
     mask = labels != ignore_index
     token_logps = token_logprobs(x, weight, labels, mask, bias=bias, **options)
@@ -174,3 +174,30 @@ def labelled_sequence_logprobs(
         ref_token_logps = reference_token_logprobs(ref_x, ref_weight, labels, mask, bias=ref_bias, **options)
         ref_logps = sequence_logprobs(ref_token_logps, mask, average_log_prob)
     return token_logps, mask, logps, ref_logps
+
+
+def check_labelled_inputs(x, weight, labels, bias, ref_x, ref_weight, ref_bias, ignore_index, weight_layout):
+    """Checks a loss's labelled sequences, head and optional reference head; returns ``(ignore_index as an int,
+    whether a reference head is given)``. Raises as :func:`check_head`, :func:`check_tokens` and
+    :func:`check_reference_head`."""
+    n_classes = check_head("", x, weight, bias, weight_layout)
+    ignore_index = checked_ignore_index(ignore_index)
+    check_tokens("labels", labels, x, n_classes, ignore_index)
+    return ignore_index, check_reference_head(x, weight, ref_x, ref_weight, ref_bias, weight_layout)
+
+
+def fused_implementation(implementation, x, weight, bias, tokens, weight_layout, reference=None) -> str:
+    """The implementation :func:`liger_jax.fused_linear_logprobs` would resolve for these operands, after its
+    operand checks on the policy's head and the reference head ``(ref_x, ref_weight, ref_bias)`` when given."""
+    implementation = _dispatch.resolve(
+        implementation, "fused_linear_logprobs", _dispatch.logits_elements(tokens, weight, weight_layout)
+    )
+    check_linear_operands(x, weight, bias, weight_layout, implementation)
+    if reference is not None:
+        check_linear_operands(*reference, weight_layout, implementation, names=("ref_x", "ref_weight", "ref_bias"))
+    return implementation
+
+
+def masked(token_logps: jax.Array, mask: jax.Array) -> jax.Array:
+    """``token_logps`` with 0 where ``mask`` is False (or 0), the gradient there 0 too."""
+    return jnp.where(mask != 0, token_logps, 0.0)

@@ -145,7 +145,10 @@ def _forward(epsilon, offset, casting_mode, implementation):
 
 
 def _backward(offset, casting_mode, implementation):
-    """``(dy, ds, s, scale, rstd) -> (dx = dresidual [..., D] x.dtype, dscale [D] fp32)``; dx reuses ds's buffer."""
+    """``(dy, ds, s, scale, rstd) -> (dx = dresidual [..., D] x.dtype, dscale [D] fp32)``.
+
+    dx gets a buffer of its own: written over ds, it would cost XLA a copy whenever ds is still live (as when the
+    sum's cotangent is the sum itself, a residual of this very backward)."""
     from liger_jax.kernels import rms_norm as kernels
 
     return row_launcher(
@@ -153,7 +156,6 @@ def _backward(offset, casting_mode, implementation):
         (Rows(), ColumnSum()),
         row_argnums=(0, 1, 2, 4),
         implementation=implementation,
-        aliases=((1, 0),),
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],
     )

@@ -21,6 +21,7 @@ from liger_jax.ops._linear_chunks import (
     WEIGHT_LAYOUTS,
     ChunkPlan,
     WeightLayout,
+    check_accum_dtype,
     check_chunk_size,
     check_linear_operands,
     chunk_logits_bound,
@@ -147,8 +148,7 @@ def fused_linear_cross_entropy(
     check_labels(labels, x.shape[:-1], "the leading axes of x", n_classes, ignore_index)
     check_class_weight(ce_weight, n_classes, implementation)
     class_weight = () if ce_weight is None else (jax.lax.stop_gradient(ce_weight),)
-    if not jnp.issubdtype(jnp.dtype(accum_dtype), jnp.floating):
-        raise TypeError(f"accum_dtype must be a floating dtype, got {accum_dtype!r}")
+    check_accum_dtype(accum_dtype)
     check_chunk_size(chunk_size)
     if labels.size == 0:  # no rows to chunk: the reference's empty matmul
         logits = logits_reference(x, weight, bias, weight_layout)

@@ -39,6 +39,7 @@ def fused_linear_distillation(
     teacher_bias: jax.Array | None = None,
     return_soft_hard_loss: bool = False,
     weight_layout: WeightLayout = "hv",
+    accum_dtype=jnp.float32,
     chunk_size: int | None = None,
     implementation: runtime.Implementation | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
@@ -67,9 +68,17 @@ def fused_linear_distillation(
     logits taken at once, and the gradient turned into ``dx`` and ``dweight``/``dbias`` right away, so the backward
     pass only scales them by the cotangent. An all-ignored batch gives 0 and zero gradients.
 
+    Memory: besides its inputs and outputs, a step holds one chunk's ``[chunk, V]`` buffers (both models' logits
+    in their dtype; in fp32 the two models' log-probabilities, then the gradient; the gradient rounded to the
+    logits' dtype: 18 bytes per logit for bf16 heads, 20 for fp32 ones), ``dx`` and the ``dweight`` accumulator
+    (``H × V`` in ``accum_dtype``). By default a chunk's buffers take at most the bound of
+    :func:`liger_jax.fused_linear_cross_entropy` (the larger of x's and the accumulator's bytes, at least 64 MiB).
+    With ``accum_dtype`` the weight's own dtype the accumulator can be the gradient's buffer itself, and a
+    ``chunk_size`` then bounds the temporaries to about ``chunk_size · V · 18`` bytes (bf16 heads).
+
     Numerics: logits in ``result_type`` of each model's x and weight; the losses and the gradient of the logits in
-    fp32 (rounded once to the logits' dtype); ``dweight``/``dbias`` accumulated in fp32 and rounded to their
-    parameter's dtype.
+    fp32 (rounded once to the logits' dtype); ``dweight``/``dbias`` summed over the chunks in ``accum_dtype`` (fp32
+    by default; bf16 accumulation drifts, Liger #512) and rounded to their parameter's dtype.
 
     Args:
         student_x: ``[..., H_s]`` float32, bfloat16 or float16 (float64 too under ``"xla"``).
@@ -85,7 +94,9 @@ def fused_linear_distillation(
         student_bias, teacher_bias: optional ``[V]``.
         return_soft_hard_loss: also return the soft and hard losses (for logging: no gradient flows through them).
         weight_layout: ``"hv"`` or ``"vh"``, for both heads.
-        chunk_size: rows per chunk, or None for the default.
+        accum_dtype: dtype of the student's ``dweight``/``dbias`` accumulators. With the weight's own dtype the
+            accumulator can be the gradient buffer itself (least memory: no ``H × V`` fp32 temporary).
+        chunk_size: rows per chunk (overrides the bound above), or None for the default above.
         implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for the default (see
             :mod:`liger_jax.runtime`).
 
@@ -94,7 +105,8 @@ def fused_linear_distillation(
         ``(loss, soft_loss, hard_loss)``.
 
     Raises:
-        TypeError: an operand is not floating point, labels are not integers, or ignore_index is not an int.
+        TypeError: an operand or accum_dtype is not floating point, labels are not integers, or ignore_index is not
+            an int.
         ValueError: shapes do not fit together (the heads' vocabularies must be equal), an unknown divergence or
             weight_layout, beta outside [0, 1], temperature not a finite number > 0, a loss weight not finite,
             chunk_size not a positive int, or a concrete label out of range.
@@ -124,6 +136,7 @@ def fused_linear_distillation(
         ignore_index=ignore_index,
         return_soft_hard_loss=return_soft_hard_loss,
         weight_layout=weight_layout,
+        accum_dtype=accum_dtype,
         chunk_size=chunk_size,
         implementation=implementation,
     )
@@ -209,6 +222,7 @@ def distillation_loss(
     ignore_index: int,
     return_soft_hard_loss: bool,
     weight_layout: str,
+    accum_dtype,
     chunk_size: int | None,
     implementation,
 ):
@@ -247,6 +261,7 @@ def distillation_loss(
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1], got {beta!r}")
     check_temperature(temperature)
+    _linear_chunks.check_accum_dtype(accum_dtype)
     _linear_chunks.check_chunk_size(chunk_size)
     soft_weight, hard_weight = weights
     rows = DistillationRows(
@@ -266,7 +281,7 @@ def distillation_loss(
     logits_dtype = jnp.result_type(student_x.dtype, student_weight.dtype)
     logit_bytes = 2 * jnp.dtype(logits_dtype).itemsize + 4 * _FP32_BUFFERS_PER_LOGIT
     plan = ChunkPlan.for_operands(
-        student_x, student_weight, student_bias, weight_layout, chunk_size, logit_bytes=logit_bytes
+        student_x, student_weight, student_bias, weight_layout, chunk_size, accum_dtype, logit_bytes
     )
     teacher = jax.lax.stop_gradient((teacher_x, teacher_weight, teacher_bias))
     loss, soft, hard = _distillation(

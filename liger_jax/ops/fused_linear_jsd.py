@@ -2,6 +2,7 @@
 their logits (Liger's ``LigerFusedLinearJSD``)."""
 
 import jax
+import jax.numpy as jnp
 
 from liger_jax import runtime
 from liger_jax.ops._linear_chunks import WeightLayout
@@ -21,6 +22,7 @@ def fused_linear_jsd(
     student_bias: jax.Array | None = None,
     teacher_bias: jax.Array | None = None,
     weight_layout: WeightLayout = "hv",
+    accum_dtype=jnp.float32,
     chunk_size: int | None = None,
     implementation: runtime.Implementation | None = None,
 ) -> jax.Array:
@@ -32,7 +34,8 @@ def fused_linear_jsd(
     It is :func:`liger_jax.fused_linear_distillation` with ``divergence="jsd"``, no hard loss and a soft weight of
     1, and is chunked the same way; the teacher gets no gradient.
 
-    Numerics: as :func:`liger_jax.fused_linear_distillation` (fp32 loss and logits gradient, fp32 accumulators).
+    Memory and numerics: as :func:`liger_jax.fused_linear_distillation` (fp32 loss and logits gradient,
+    accumulators in ``accum_dtype``).
 
     Args:
         student_x: ``[..., H_s]`` float32, bfloat16 or float16 (float64 too under ``"xla"``).
@@ -45,6 +48,8 @@ def fused_linear_jsd(
         temperature: finite > 0, divides both models' logits.
         student_bias, teacher_bias: optional ``[V]`` (beyond Liger's signature, for heads with a bias).
         weight_layout: ``"hv"`` or ``"vh"``.
+        accum_dtype: dtype of the student's ``dweight``/``dbias`` accumulators (fp32 by default; the weight's own
+            dtype for the least memory, as :func:`liger_jax.fused_linear_distillation`).
         chunk_size: rows per chunk, or None for the default.
         implementation: ``"triton"``, ``"interpret"``, ``"xla"`` or None for the default.
 
@@ -73,6 +78,7 @@ def fused_linear_jsd(
         ignore_index=ignore_index,
         return_soft_hard_loss=False,
         weight_layout=weight_layout,
+        accum_dtype=accum_dtype,
         chunk_size=chunk_size,
         implementation=implementation,
     )

@@ -2,6 +2,7 @@
 BNPO, Dr. GRPO, DAPO, CISPO, SAPO, LUSPO and VESPO, with token- or sequence-level (GSPO) importance sampling and a
 k3 KL penalty against reference log-probs or a reference model."""
 
+import dataclasses
 import math
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks
+from liger_jax.ops import _checks, _linear_chunks, _sequence_chunks
 from liger_jax.ops import _sequence_logprobs as seq
 from liger_jax.ops.fused_linear_cross_entropy import WeightLayout
 
@@ -80,81 +81,119 @@ def grpo_loss_from_logps(
         ``aux["clip_ratio"]`` (the fraction of masked tokens whose ratio was clipped against the sign of their
         advantage), without gradient.
     """
+    terms = _PolicyTerms(
+        loss_type, importance_sampling_level, epsilon_low, epsilon_high, beta, sapo_temperature_pos,
+        sapo_temperature_neg, delta, use_bias_correction_kl, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
+        vespo_lambda_neg,
+    )  # fmt: skip
     _check_options(loss_type, importance_sampling_level, max_completion_length, epsilon_low, epsilon_high, beta)
     dtype = per_token_logps.dtype
     mask = attention_mask.astype(dtype)
-    batch = per_token_logps.shape[0]
-    advantage = advantages.astype(dtype)[:, None]
-    sampled = jax.lax.stop_gradient(per_token_logps if old_per_token_logps is None else old_per_token_logps)
-    log_ratio = per_token_logps - sampled.astype(dtype)
-    if importance_sampling_level == "token":
-        log_weights = log_ratio
-    else:
-        log_weights = jnp.sum(log_ratio * mask, axis=-1, keepdims=True) / _at_least_one(
-            jnp.sum(mask, -1, keepdims=True)
-        )
-    weights = jnp.exp(log_weights)
-    if vllm_is_ratio is not None:
-        vllm_is_ratio = jax.lax.stop_gradient(vllm_is_ratio.astype(dtype))
-        vllm_is_ratio = vllm_is_ratio[:, None] if vllm_is_ratio.ndim == 1 else vllm_is_ratio
-
-    lower_clipped = upper_clipped = jnp.zeros_like(weights, dtype=bool)
-    match loss_type:
-        case "cispo":
-            clipped = jax.lax.stop_gradient(jnp.minimum(weights, epsilon_high))
-            upper_clipped = weights > epsilon_high
-            per_token_loss = -clipped * advantage * per_token_logps
-        case "sapo":
-            gate = jnp.where(
-                advantage > 0,
-                _sapo_gate(weights, sapo_temperature_pos),
-                _sapo_gate(weights, sapo_temperature_neg),
-            )
-            per_token_loss = -gate * advantage
-        case "vespo":
-            phi = _vespo_gamma_weights(
-                advantages.astype(dtype), log_ratio, mask, vllm_is_ratio,
-                (vespo_k_pos, vespo_lambda_pos), (vespo_k_neg, vespo_lambda_neg),
-            )  # fmt: skip
-            per_token_loss = -phi * advantage * per_token_logps
-        case _:
-            clipped = jnp.clip(weights, 1.0 - epsilon_low, 1.0 + epsilon_high)
-            lower_clipped, upper_clipped = weights < 1.0 - epsilon_low, weights > 1.0 + epsilon_high
-            unclipped = weights if delta is None else jnp.minimum(weights, delta)
-            per_token_loss = -jnp.minimum(unclipped * advantage, clipped * advantage)
-    if vllm_is_ratio is not None and loss_type != "vespo":
-        per_token_loss = per_token_loss * vllm_is_ratio
-
+    per_token_loss, kl, clipped_against_advantage = terms(
+        per_token_logps, mask, advantages, ref_per_token_logps, old_per_token_logps, vllm_is_ratio
+    )
+    loss = jnp.sum(per_token_loss * token_loss_weights(mask, loss_type, max_completion_length, num_items_in_batch))
     aux = {}
     token_count = _at_least_one(jnp.sum(mask))
-    if beta != 0.0:
-        reference = per_token_logps if ref_per_token_logps is None else ref_per_token_logps
-        reference = jax.lax.stop_gradient(reference)
-        log_ref_ratio = reference.astype(dtype) - per_token_logps
-        kl = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0
-        if use_bias_correction_kl:
-            kl = kl * weights
-        per_token_loss = per_token_loss + beta * kl
+    if kl is not None:
         aux["kl"] = jnp.sum(kl * mask) / token_count
-
-    masked_loss = per_token_loss * mask
-    match loss_type:
-        case "grpo" | "sapo":
-            loss = jnp.sum(jnp.sum(masked_loss, -1) / _at_least_one(jnp.sum(mask, -1))) / batch
-        case "bnpo":
-            loss = jnp.sum(masked_loss) / token_count
-        case "dr_grpo":
-            loss = jnp.sum(masked_loss) / (batch * max_completion_length)
-        case "luspo":
-            weighted = per_token_loss * jnp.sum(mask, -1, keepdims=True)
-            loss = jnp.sum(weighted) / (batch * weighted.shape[1])
-        case _:  # dapo, cispo, vespo
-            normalizer = token_count if num_items_in_batch is None else _at_least_one(jnp.asarray(num_items_in_batch))
-            loss = jnp.sum(masked_loss) / normalizer.astype(dtype)
-
-    clipped_against_advantage = (lower_clipped & (advantage < 0)) | (upper_clipped & (advantage > 0))
     aux["clip_ratio"] = jnp.sum(jnp.broadcast_to(clipped_against_advantage, mask.shape) * mask) / token_count
     return loss, jax.lax.stop_gradient(aux)
+
+
+def token_loss_weights(mask: jax.Array, loss_type: str, max_completion_length, num_items_in_batch) -> jax.Array:
+    """``[B, T]`` weights that reduce per-token losses to ``loss_type``'s loss, ``Σ weights · per_token_loss``:
+    they depend on the mask alone, so a batch's loss is the sum of its sequences'."""
+    batch, length = mask.shape
+    sequence_lengths = jnp.sum(mask, -1, keepdims=True)
+    match loss_type:
+        case "grpo" | "sapo":
+            return mask / (_at_least_one(sequence_lengths) * batch)
+        case "bnpo":
+            return mask / _at_least_one(jnp.sum(mask))
+        case "dr_grpo":
+            return mask / (batch * max_completion_length)
+        case "luspo":
+            return jnp.broadcast_to(sequence_lengths, mask.shape) / (batch * length)
+        case _:  # dapo, cispo, vespo
+            count = jnp.sum(mask) if num_items_in_batch is None else jnp.asarray(num_items_in_batch)
+            return mask / _at_least_one(count).astype(mask.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PolicyTerms:
+    """The per-token terms of :func:`grpo_loss_from_logps` (its options as fields; hashable): each sequence's terms
+    depend on that sequence alone."""
+
+    loss_type: str
+    importance_sampling_level: str
+    epsilon_low: float
+    epsilon_high: float
+    beta: float
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    delta: float | None
+    use_bias_correction_kl: bool
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+
+    def __call__(self, per_token_logps, mask, advantages, ref_per_token_logps, old_per_token_logps, vllm_is_ratio):
+        """``(per_token_loss [B, T], kl [B, T] or None without beta, clipped against the advantage [B, T] or
+        [B, 1])`` from the log-probs ``[B, T]``, the mask in their dtype and the advantages ``[B]``."""
+        dtype = per_token_logps.dtype
+        advantage = advantages.astype(dtype)[:, None]
+        sampled = jax.lax.stop_gradient(per_token_logps if old_per_token_logps is None else old_per_token_logps)
+        log_ratio = per_token_logps - sampled.astype(dtype)
+        if self.importance_sampling_level == "token":
+            log_weights = log_ratio
+        else:
+            log_weights = jnp.sum(log_ratio * mask, axis=-1, keepdims=True) / _at_least_one(
+                jnp.sum(mask, -1, keepdims=True)
+            )
+        weights = jnp.exp(log_weights)
+        if vllm_is_ratio is not None:
+            vllm_is_ratio = jax.lax.stop_gradient(vllm_is_ratio.astype(dtype))
+            vllm_is_ratio = vllm_is_ratio[:, None] if vllm_is_ratio.ndim == 1 else vllm_is_ratio
+
+        lower_clipped = upper_clipped = jnp.zeros_like(weights, dtype=bool)
+        match self.loss_type:
+            case "cispo":
+                clipped = jax.lax.stop_gradient(jnp.minimum(weights, self.epsilon_high))
+                upper_clipped = weights > self.epsilon_high
+                per_token_loss = -clipped * advantage * per_token_logps
+            case "sapo":
+                gate = jnp.where(
+                    advantage > 0,
+                    _sapo_gate(weights, self.sapo_temperature_pos),
+                    _sapo_gate(weights, self.sapo_temperature_neg),
+                )
+                per_token_loss = -gate * advantage
+            case "vespo":
+                phi = _vespo_gamma_weights(
+                    advantages.astype(dtype), log_ratio, mask, vllm_is_ratio,
+                    (self.vespo_k_pos, self.vespo_lambda_pos), (self.vespo_k_neg, self.vespo_lambda_neg),
+                )  # fmt: skip
+                per_token_loss = -phi * advantage * per_token_logps
+            case _:
+                clipped = jnp.clip(weights, 1.0 - self.epsilon_low, 1.0 + self.epsilon_high)
+                lower_clipped, upper_clipped = weights < 1.0 - self.epsilon_low, weights > 1.0 + self.epsilon_high
+                unclipped = weights if self.delta is None else jnp.minimum(weights, self.delta)
+                per_token_loss = -jnp.minimum(unclipped * advantage, clipped * advantage)
+        if vllm_is_ratio is not None and self.loss_type != "vespo":
+            per_token_loss = per_token_loss * vllm_is_ratio
+        kl = None
+        if self.beta != 0.0:
+            reference = per_token_logps if ref_per_token_logps is None else ref_per_token_logps
+            reference = jax.lax.stop_gradient(reference)
+            log_ref_ratio = reference.astype(dtype) - per_token_logps
+            kl = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0
+            if self.use_bias_correction_kl:
+                kl = kl * weights
+            per_token_loss = per_token_loss + self.beta * kl
+        clipped_against_advantage = (lower_clipped & (advantage < 0)) | (upper_clipped & (advantage > 0))
+        return per_token_loss, kl, clipped_against_advantage
 
 
 def fused_linear_grpo(
@@ -188,14 +227,19 @@ def fused_linear_grpo(
     vespo_lambda_neg: float = 2.0,
     num_items_in_batch: float | jax.Array | None = None,
     weight_layout: WeightLayout = "hv",
+    chunk_size: int | None = None,
     implementation: runtime.Implementation | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     r"""GRPO-family policy loss on LM-head hidden states, without the ``[B, T, V]`` logits.
 
-    The policy's per-token log-probs :math:`\log\text{softmax}((x W + b) / T)[\text{token}]` come from
-    :func:`liger_jax.fused_linear_logprobs` (chunked, float32 softmax; float64 for float64 inputs) at every position
+    The policy's per-token log-probs :math:`\log\text{softmax}((x W + b) / T)[\text{token}]` are
+    :func:`liger_jax.fused_linear_logprobs`' (chunked, float32 softmax; float64 for float64 inputs) at every position
     (the mask weights them afterwards); the reference model's, when ``ref_x``/``ref_weight`` are given, the same way
-    without gradient. :func:`grpo_loss_from_logps` turns them into the loss.
+    without gradient. :func:`grpo_loss_from_logps`' math turns them into the loss. Every loss type and both
+    importance-sampling levels are sums of per-completion terms with normalisers from the mask alone
+    (:func:`token_loss_weights`), so each chunk of the LM head's matmul holds whole completions and makes their
+    loss's gradient in the same pass as their log-probs: three matmuls per chunk (four with a reference model), as
+    Liger (:mod:`liger_jax.ops._sequence_chunks`). A chunk holds at least one completion (``T × V`` logits).
 
     Args:
         x: ``[B, T, H]`` hidden states of the completions.
@@ -222,6 +266,7 @@ def fused_linear_grpo(
         num_items_in_batch: the ``dapo``/``cispo``/``vespo`` normaliser (all completion tokens of the generation
             batch), or None for this batch's mask count.
         weight_layout, implementation: as :func:`liger_jax.fused_linear_logprobs`.
+        chunk_size: whole completions per chunk, or None for as many as the default chunk rows hold (at least one).
 
     Returns:
         ``(loss, aux)`` as :func:`grpo_loss_from_logps`.
@@ -257,13 +302,47 @@ def fused_linear_grpo(
     if has_reference_model and ref_per_token_logps is not None:
         raise ValueError("give either ref_per_token_logps or a reference model (ref_x, ref_weight), not both")
 
-    options = dict(temperature=temperature, weight_layout=weight_layout, implementation=implementation)
-    per_token_logps = seq.token_logprobs(x, weight, selected_token_ids, None, bias=bias, **options)
-    if has_reference_model and beta != 0.0:
-        ref_per_token_logps = seq.reference_token_logprobs(
-            ref_x, ref_weight, selected_token_ids, None, bias=ref_bias, **options
-        )
-    return grpo_loss_from_logps(
+    reference = (ref_x, ref_weight, ref_bias) if has_reference_model and beta != 0.0 else None
+    implementation = seq.fused_implementation(
+        implementation, x, weight, bias, selected_token_ids, weight_layout, reference
+    )
+    _linear_chunks.check_chunk_size(chunk_size)
+    terms = _PolicyTerms(
+        loss_type, importance_sampling_level, epsilon_low, epsilon_high, beta, sapo_temperature_pos,
+        sapo_temperature_neg, delta, use_bias_correction_kl, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
+        vespo_lambda_neg,
+    )  # fmt: skip
+    dtype = jnp.promote_types(jnp.result_type(x.dtype, weight.dtype), jnp.float32)
+    mask = attention_mask.astype(dtype)
+
+    given = (ref_per_token_logps, old_per_token_logps)
+    row_operands = (mask, token_loss_weights(mask, loss_type, max_completion_length, num_items_in_batch))
+    row_operands += tuple(logps.astype(dtype) for logps in given if logps is not None)
+    sequence_operands = (advantages.astype(dtype),)
+    vllm_level = None
+    if vllm_is_ratio is not None:
+        vllm_level = "token" if vllm_is_ratio.shape == x.shape[:2] else "sequence"
+        if vllm_level == "token":
+            row_operands += (vllm_is_ratio.astype(dtype),)
+        else:
+            sequence_operands += (vllm_is_ratio.astype(dtype).reshape(-1),)
+    loss, per_token_logps, model_ref_logps = _sequence_chunks.group_loss(
+        x,
+        weight,
+        bias,
+        selected_token_ids,
+        row_operands,
+        _CompletionsLoss(terms, *(logps is not None for logps in given), vllm_level),
+        group_operands=sequence_operands,
+        reference=reference,
+        temperature=temperature,
+        weight_layout=weight_layout,
+        implementation=implementation,
+        groups_per_chunk=chunk_size,
+    )
+    if model_ref_logps is not None:
+        ref_per_token_logps = model_ref_logps
+    _, aux = grpo_loss_from_logps(
         per_token_logps,
         attention_mask,
         advantages,
@@ -286,6 +365,30 @@ def fused_linear_grpo(
         vespo_lambda_neg=vespo_lambda_neg,
         num_items_in_batch=num_items_in_batch,
     )
+    return loss, aux
+
+
+@dataclasses.dataclass(frozen=True)
+class _CompletionsLoss:
+    """The loss of whole completions for :func:`liger_jax.ops._sequence_chunks.group_loss`: ``Σ weights ·
+    per_token_loss`` from the per-token log-probs, the mask and the reduction's weights, then
+    ``ref_per_token_logps``, ``old_per_token_logps`` and a per-token ``vllm_is_ratio`` where given (each ``[G, T]``),
+    then the advantages and a per-sequence ``vllm_is_ratio`` where given (each ``[G]``)."""
+
+    terms: _PolicyTerms
+    has_ref_logps: bool
+    has_old_logps: bool
+    vllm_level: str | None  # None, "token" ([B, T]) or "sequence" ([B] or [B, 1])
+
+    def __call__(self, token_logps, model_ref_logps, mask, weights, *given):
+        given = list(given)
+        ref_logps = given.pop(0) if self.has_ref_logps else model_ref_logps
+        old_logps = given.pop(0) if self.has_old_logps else None
+        vllm_is_ratio = given.pop(0) if self.vllm_level == "token" else None
+        advantages = given.pop(0)
+        vllm_is_ratio = given.pop(0) if self.vllm_level == "sequence" else vllm_is_ratio
+        per_token_loss, _, _ = self.terms(token_logps, mask, advantages, ref_logps, old_logps, vllm_is_ratio)
+        return jnp.sum(per_token_loss * weights)
 
 
 def _check_options(loss_type, importance_sampling_level, max_completion_length, epsilon_low, epsilon_high, beta):

@@ -1,11 +1,13 @@
 """Kahneman-Tversky Optimization fused with the LM head (Liger's ``LigerFusedLinearKTOLoss``): an unpaired
 preference loss over sequences each labelled desirable or undesirable."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from liger_jax import runtime
-from liger_jax.ops import _checks
+from liger_jax.ops import _checks, _linear_chunks, _sequence_chunks
 from liger_jax.ops import _sequence_logprobs as seq
 from liger_jax.ops.fused_linear_cross_entropy import WeightLayout
 
@@ -35,14 +37,17 @@ def fused_linear_kto(
     beta: float = 0.1,
     average_log_prob: bool = False,
     weight_layout: WeightLayout = "hv",
+    chunk_size: int | None = None,
     implementation: runtime.Implementation | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     r"""KTO (Ethayarajh et al. 2024) on LM-head hidden states, without the ``[B, S, V]`` logits.
 
     ``loss = mean over sequences of kto_losses(log π(y) - log π_ref(y), preference_labels)``, with
-    ``log π_ref = 0`` without a reference model. Log-probs come from :func:`liger_jax.fused_linear_logprobs`
-    (float32 softmax; float64 for float64 inputs), summed over each sequence's counted tokens (or averaged with
-    ``average_log_prob``; a sequence with none has log-prob 0).
+    ``log π_ref = 0`` without a reference model. Log-probs are :func:`liger_jax.fused_linear_logprobs`' (float32
+    softmax; float64 for float64 inputs), summed over each sequence's counted tokens (or averaged with
+    ``average_log_prob``; a sequence with none has log-prob 0). Each chunk of the LM head's matmul holds whole
+    sequences, so their loss and its gradient are made in the same pass as their log-probs (three matmuls per
+    chunk, four with a reference model; :mod:`liger_jax.ops._sequence_chunks`).
 
     Args:
         x: ``[B, S, H]`` hidden states.
@@ -58,6 +63,7 @@ def fused_linear_kto(
         beta: the loss's inverse temperature, > 0.
         average_log_prob: average each sequence's log-probs instead of summing them.
         weight_layout, implementation: as :func:`liger_jax.fused_linear_logprobs`.
+        chunk_size: whole sequences per chunk, or None for as many as the default chunk rows hold (at least one).
 
     Returns:
         ``(loss, aux)``: the scalar loss and Liger's metrics (no gradient): ``chosen_logps_sum``,
@@ -73,26 +79,40 @@ def fused_linear_kto(
         raise TypeError(f"preference_labels must be bool (True for desirable), got {preference_labels.dtype}")
     if x.ndim == 3:
         _checks.check_shape("preference_labels", preference_labels, x.shape[:1], "the batch axis of x")
-    if kl is not None:
+    if kl is None:
+        kl = jnp.zeros(())
+    else:
         kl = jnp.asarray(kl)
         if kl.shape not in ((), x.shape[:1]):
             raise ValueError(f"kl must be a scalar or have shape {x.shape[:1]} (the batch axis of x), got {kl.shape}")
         kl = jax.lax.stop_gradient(kl)
-    _, _, logps, ref_logps = seq.labelled_sequence_logprobs(
+    _linear_chunks.check_chunk_size(chunk_size)
+    ignore_index, has_reference = seq.check_labelled_inputs(
+        x, weight, labels, bias, ref_x, ref_weight, ref_bias, ignore_index, weight_layout
+    )
+    reference = (ref_x, ref_weight, ref_bias) if has_reference else None
+    implementation = seq.fused_implementation(implementation, x, weight, bias, labels, weight_layout, reference)
+    mask = labels != ignore_index
+    dtype = jnp.promote_types(jnp.result_type(x.dtype, weight.dtype), jnp.float32)
+
+    loss, token_logps, ref_token_logps = _sequence_chunks.group_loss(
         x,
         weight,
-        labels,
-        bias=bias,
-        ref_x=ref_x,
-        ref_weight=ref_weight,
-        ref_bias=ref_bias,
-        ignore_index=ignore_index,
-        average_log_prob=average_log_prob,
+        bias,
+        jnp.where(mask, labels, 0),
+        (mask.astype(dtype),),
+        _KTOGroupLoss(beta, x.shape[0], average_log_prob),
+        group_operands=(preference_labels.astype(dtype), jnp.broadcast_to(kl, x.shape[:1]).astype(dtype)),
+        reference=reference,
+        temperature=1.0,
         weight_layout=weight_layout,
         implementation=implementation,
+        groups_per_chunk=chunk_size,
     )
-    logratios = logps if ref_logps is None else logps - ref_logps
-    loss = jnp.mean(kto_losses(logratios, preference_labels, beta=beta, kl=kl))
+    logps = seq.sequence_logprobs(seq.masked(token_logps, mask), mask, average_log_prob)
+    logratios = logps
+    if ref_token_logps is not None:
+        logratios = logps - seq.sequence_logprobs(seq.masked(ref_token_logps, mask), mask, average_log_prob)
     logit_sums = seq.sequence_logit_sums(x, weight, bias, weight_layout)
 
     def split_sums(values):
@@ -102,3 +122,23 @@ def fused_linear_kto(
     for name, values in (("logps", logps), ("logits", logit_sums), ("rewards", beta * logratios)):
         aux[f"chosen_{name}_sum"], aux[f"rejected_{name}_sum"] = split_sums(values)
     return loss, jax.lax.stop_gradient(aux)
+
+
+@dataclasses.dataclass(frozen=True)
+class _KTOGroupLoss:
+    """The loss of whole sequences for :func:`liger_jax.ops._sequence_chunks.group_loss`: ``Σ kto_losses /
+    n_sequences`` from per-token log-probs and masks ``[G, S]``, and preference labels and kl ``[G]``."""
+
+    beta: float
+    n_sequences: int
+    average_log_prob: bool
+
+    def __call__(self, token_logps, ref_token_logps, mask, preference_labels, kl):
+        def sequence_logps(token_logps):
+            return seq.sequence_logprobs(seq.masked(token_logps, mask), mask, self.average_log_prob)
+
+        logratios = sequence_logps(token_logps)
+        if ref_token_logps is not None:
+            logratios = logratios - sequence_logps(ref_token_logps)
+        losses = kto_losses(logratios, preference_labels != 0, beta=self.beta, kl=kl)
+        return jnp.sum(losses) / self.n_sequences

@@ -300,13 +300,15 @@ def _launcher(n_tensors, interleaved, sections, transpose, implementation, alias
         section_t, section_h = (width // 2, 0) if sections is None else sections[:2]
         block_pairs = _tiling.next_power_of_2(width // 2)
         flat = [x.reshape(n_tokens, x.shape[-2], head_dim) for x in tensors]
+        # q alone: k is a one-element placeholder, in and out, that the kernel never touches (N_K_HEADS = 0).
+        q_k = flat if n_tensors == 2 else [flat[0], jnp.zeros((1,), flat[0].dtype)]
         outputs = runtime.launch(
-            kernels.rope if n_tensors == 2 else kernels.rope_one,
-            *flat,
+            kernels.rope,
+            *q_k,
             cos.reshape(planes, -1, width),
             sin.reshape(planes, -1, width),
             cos.size // (planes * width),
-            out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in flat),
+            out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in q_k),
             grid=(n_tokens,),
             implementation=implementation,
             num_warps=_NUM_WARPS,
@@ -322,7 +324,7 @@ def _launcher(n_tensors, interleaved, sections, transpose, implementation, alias
             BLOCK_PASS=_tiling.next_power_of_2(max(head_dim - width, 1)),
             **_head_constexprs(flat, block_pairs),
         )
-        return tuple(out.reshape(x.shape) for out, x in zip(outputs, tensors, strict=True))
+        return tuple(out.reshape(x.shape) for out, x in zip(outputs[:n_tensors], tensors, strict=True))
 
     sharded = partitioned(
         rotate_tensors,
@@ -333,11 +335,14 @@ def _launcher(n_tensors, interleaved, sections, transpose, implementation, alias
 
 
 def _head_constexprs(flat, block_pairs) -> dict[str, int]:
-    """The kernels' head counts and head tiles: ``N_Q_HEADS``/``N_K_HEADS`` for two tensors, ``N_HEADS`` for one."""
-    names = ("Q_HEADS", "K_HEADS") if len(flat) == 2 else ("HEADS",)
-    counts = {f"N_{name}": x.shape[1] for name, x in zip(names, flat, strict=True)}
-    return counts | {
-        f"BLOCK_{name}": _block_heads(x.shape[1], block_pairs) for name, x in zip(names, flat, strict=True)
+    """The kernel's head counts and head tiles; ``N_K_HEADS = 0`` (one empty tile) when q is rotated alone."""
+    q_heads = flat[0].shape[1]
+    k_heads = flat[1].shape[1] if len(flat) == 2 else 0
+    return {
+        "N_Q_HEADS": q_heads,
+        "N_K_HEADS": k_heads,
+        "BLOCK_Q_HEADS": _block_heads(q_heads, block_pairs),
+        "BLOCK_K_HEADS": _block_heads(k_heads, block_pairs),
     }
 
 

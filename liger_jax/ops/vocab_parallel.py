@@ -42,6 +42,7 @@ def sharded_chunks(
     grads: bool,
     teacher_bias: bool | None = None,
     n_vocab_operands: int = 0,
+    whole_groups: bool = False,
 ) -> Callable:
     """A fused-linear chunk loop (``ops._linear_chunks``), partitioned over rows and (collectively) over the
     vocabulary, and vmap-able.
@@ -60,6 +61,8 @@ def sharded_chunks(
         teacher_bias: None without a teacher head; else whether the teacher head has a bias.
         n_vocab_operands: how many ``[V]`` operands (sharded with the vocabulary) follow the per-row operands;
             ``run_chunks`` gets this device's slices as its last argument.
+        whole_groups: the last row axis (of x, the teacher's x, the row operands and the values) holds groups of
+            rows the row math needs together (whole sequences): it is never sharded.
 
     Returns:
         ``fn(x [..., H], weight, [bias], [teacher_x [..., G], teacher_weight, [teacher_bias]], *row_operands [...])``
@@ -68,17 +71,21 @@ def sharded_chunks(
         example's rows).
     """
     return _sharded_chunks(
-        run_chunks, plan, row_math, has_bias, n_row_operands, n_values, grads, teacher_bias, n_vocab_operands
-    )
+        run_chunks, plan, row_math, has_bias, n_row_operands, n_values, grads, teacher_bias, n_vocab_operands,
+        whole_groups,
+    )  # fmt: skip
 
 
 @functools.cache
-def _sharded_chunks(run_chunks, plan, row_math, has_bias, n_row_operands, n_values, grads, teacher_bias, n_vocab):
+def _sharded_chunks(
+    run_chunks, plan, row_math, has_bias, n_row_operands, n_values, grads, teacher_bias, n_vocab, whole_groups=False
+):
+    rows = "... r" if whole_groups else "..."
     weight = "h v" if plan.weight_layout == "hv" else "v h"
-    head = ["... h", weight, *(["v"] if has_bias else [])]
-    teacher = [] if teacher_bias is None else ["... g", weight.replace("h", "g"), *(["v"] if teacher_bias else [])]
-    operands = [*head, *teacher, *["..."] * n_row_operands, *["v"] * n_vocab]
-    results = ["..."] * n_values + (head if grads else [])
+    head = [f"{rows} h", weight, *(["v"] if has_bias else [])]
+    teacher = [] if teacher_bias is None else [f"{rows} g", weight.replace("h", "g"), *(["v"] if teacher_bias else [])]
+    operands = [*head, *teacher, *[rows] * n_row_operands, *["v"] * n_vocab]
+    results = [rows] * n_values + (head if grads else [])
     rule = f"{', '.join(operands)} -> {', '.join(results)}"
 
     def local(*arrays, axis_names):
@@ -108,7 +115,7 @@ def _sharded_chunks(run_chunks, plan, row_math, has_bias, n_row_operands, n_valu
 
     # dweight and dbias (the results after the values and dx) sum over the rows.
     partial_sums = (n_values + 1, n_values + 2) if grads else ()
-    sharded = partitioned(local, rule, replicated=("h", "g"), collective=("v",), partial_sums=partial_sums)
+    sharded = partitioned(local, rule, replicated=("h", "g", "r"), collective=("v",), partial_sums=partial_sums)
     row_argnums = (0, *([len(head)] if teacher else []), *range(len(head) + len(teacher), len(operands)))
     return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=grads)
 
