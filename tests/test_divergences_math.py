@@ -207,3 +207,19 @@ def test_jsd_kernel_gradient_matches_finite_differences():
     check_grads(
         jax.jit(lambda x: liger_jax.jsd(x, y, beta=0.3, implementation=KERNEL)), (x,), order=1, modes=["rev"], eps=1e-2
     )
+
+
+@pytest.mark.parametrize("implementation", [KERNEL, "xla"])
+def test_jsd_is_finite_where_one_side_gives_a_class_zero_probability(implementation):
+    # A class the student (or the teacher) rules out (log-probability -inf) still has a positive mixture m, so
+    # the loss and gradient stay finite: the mixture's log is taken around the larger of the two log-probabilities.
+    log_q, log_p = _log_probs(11, (4, 7)), _log_probs(12, (4, 7))
+    log_q[0, 2], log_p[1, 5] = -np.inf, -np.inf
+    log_q[0] -= np.log(np.exp(log_q[0]).sum())
+    log_p[1] -= np.log(np.exp(log_p[1]).sum())
+    loss, grad = jax.jit(
+        jax.value_and_grad(lambda x: liger_jax.jsd(x, _f32(log_p), beta=0.5, implementation=implementation))
+    )(_f32(log_q))
+    rows, row_grads = closed_form_jsd(log_q, log_p, 0.5)
+    np.testing.assert_allclose(loss, rows.sum() / 4, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, np.nan_to_num(row_grads) / 4, rtol=1e-5, atol=1e-7)

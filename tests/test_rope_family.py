@@ -220,11 +220,12 @@ def _mrope_tables(positions, head_dim, table_batch):
 
 
 # (B, S, Hq, Hkv, D, mrope_section, table batch): Qwen2-VL's split at a small D, an empty section and an odd number
-# of pairs, one head with shared tables.
+# of pairs, one head with shared tables, a temporal section of most pairs.
 MROPE_CASES = [
     (2, 3, 4, 2, 16, (2, 3, 3), "B"),
     (1, 5, 3, 1, 14, (0, 4, 3), "1"),
     (2, 4, 2, 1, 10, (1, 1, 3), None),
+    (1, 3, 2, 1, 16, (6, 1, 1), None),
 ]
 
 

@@ -88,6 +88,9 @@ TARGETS: dict[str, Target] = {
     "liger_jax/kernels/logprobs.py": Target(None, ("tests/test_fused_linear_logprobs.py", *_NOT_XLA)),
     "liger_jax/kernels/softmax.py": Target(None, ("tests/test_softmax.py", "tests/test_activations.py", *_NOT_XLA)),
     "liger_jax/kernels/sparsemax.py": Target(None, ("tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA)),
+    "liger_jax/kernels/_row_maps.py": Target(
+        None, ("tests/test_softmax.py", "tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA)
+    ),
     "liger_jax/kernels/relu_squared.py": Target(None, ("tests/test_relu_squared.py", *_NOT_XLA)),
     "liger_jax/kernels/neighborhood_attention.py": Target(
         None, ("tests/test_fused_neighborhood_attention.py", *_NOT_XLA)
@@ -178,9 +181,24 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for value, operand in [("g", "gate"), ("u", "up"), ("dout", "dout")]
     },
     ("liger_jax/kernels/glu.py", "GELU_TANH = tl.constexpr(1)", "1", "(2)"): "any code other than SILU's names GeGLU",
-    ("liger_jax/ops/fused_add_rms_norm.py", "aliases=((1, 0),),", "1", "(2)"): (
-        "dx over s's buffer works as well as over ds's: the kernel reads each element of both before writing it"
+    (
+        "liger_jax/kernels/divergence.py",
+        "scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)",
+        "0.0",
+        "(1.0)",
+    ): _MASKED_FILL,
+    ("liger_jax/kernels/divergence.py", "TVD = tl.constexpr(2)", "2", "(3)"): (
+        "any code other than KL_DIV's and JSD's names TVD"
     ),
+    **{
+        (
+            "liger_jax/kernels/divergence.py",
+            f"{value} = tl.load({operand}_ptr + offsets, mask=loaded, other=0.0).to(tl.float32)",
+            "0.0",
+            "(1.0)",
+        ): _MASKED_FILL
+        for value, operand in [("x", "input"), ("y", "target")]
+    },
     ("liger_jax/ops/glu.py", "input_output_aliases={0: 0},", "0", "(1)"): (
         "dgate over gate's buffer or dup over dout's works as well: each element is read before it is written"
     ),
@@ -452,8 +470,9 @@ class Workspace:
     @classmethod
     def create(cls) -> Workspace:
         folder = Path(tempfile.mkdtemp(prefix="liger_jax_mutation_"))
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        for name in ("liger_jax", "tests"):
+        # benchmarks: some tests check that a benchmark case's baselines compute what the ops compute.
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "rows", "plots", "out")
+        for name in ("liger_jax", "tests", "benchmarks"):
             shutil.copytree(ROOT / name, folder / name, ignore=ignore)
         shutil.copy(ROOT / "pyproject.toml", folder / "pyproject.toml")
         return cls(folder)
