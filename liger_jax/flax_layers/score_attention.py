@@ -15,7 +15,8 @@ from flax import linen as nn
 from flax import nnx
 
 from liger_jax import runtime
-from liger_jax.ops._score_maps import check_int, check_pair
+from liger_jax.ops._checks import check_int
+from liger_jax.ops._score_maps import check_pair
 from liger_jax.ops.fused_neighborhood_attention import check_window, fused_neighborhood_attention
 from liger_jax.ops.multi_token_attention import multi_token_attention
 

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -47,3 +48,13 @@ def check_max_cols(name: str, n_cols: int, limit: int) -> None:
             f"{name} has {n_cols} elements on its last axis; the kernel holds a row in one tile of at most {limit} "
             "elements. Use implementation='xla' for longer rows."
         )
+
+
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """``value`` as an int; raises TypeError unless it is an int (not a bool), ValueError when it is below
+    ``minimum`` (when one is given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)

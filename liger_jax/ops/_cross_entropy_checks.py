@@ -32,8 +32,7 @@ def loss_settings(
         ValueError: label_smoothing outside [0, 1], z_loss_scale negative or not finite, softcap not positive,
             or an unknown reduction.
     """
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    _checks.check_int("ignore_index", ignore_index)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
     if not (math.isfinite(z_loss_scale) and z_loss_scale >= 0.0):

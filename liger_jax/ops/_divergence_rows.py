@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from liger_jax import runtime
 from liger_jax.ops import _checks, _tiling
@@ -85,8 +84,7 @@ def check_row_labels(labels, input_shape, ignore_index) -> None:
         TypeError: labels are not integers, or ignore_index is not an int.
         ValueError: labels do not have the leading shape of the input.
     """
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    _checks.check_int("ignore_index", ignore_index)
     if labels is None:
         return
     if not jnp.issubdtype(labels.dtype, jnp.integer):

@@ -1,22 +1,12 @@
-"""What the attention-score ops share (multi-token and neighborhood attention): integer option checks, and a row
+"""What the attention-score ops share (multi-token and neighborhood attention): int-or-pair option checks, and a row
 softmax of scores where a mask keeps them, run on :func:`liger_jax.softmax`'s kernels."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from liger_jax import runtime
+from liger_jax.ops._checks import check_int
 from liger_jax.ops.softmax import softmax
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an int; raises TypeError unless it is an int (not a bool), ValueError when it is below
-    ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def check_pair(name: str, value: object, minimum: int) -> tuple[int, int]:

@@ -132,13 +132,6 @@ def sequence_logit_sums(x: jax.Array, weight: jax.Array, bias: jax.Array | None,
     return jnp.sum(per_position, axis=-1)
 
 
-def checked_ignore_index(ignore_index) -> int:
-    """``ignore_index`` as an int. Raises TypeError unless it is one."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-    return int(ignore_index)
-
-
 def labelled_sequence_logprobs(
     x,
     weight,
@@ -181,7 +174,7 @@ def check_labelled_inputs(x, weight, labels, bias, ref_x, ref_weight, ref_bias, 
     whether a reference head is given)``. Raises as :func:`check_head`, :func:`check_tokens` and
     :func:`check_reference_head`."""
     n_classes = check_head("", x, weight, bias, weight_layout)
-    ignore_index = checked_ignore_index(ignore_index)
+    ignore_index = _checks.check_int("ignore_index", ignore_index)
     check_tokens("labels", labels, x, n_classes, ignore_index)
     return ignore_index, check_reference_head(x, weight, ref_x, ref_weight, ref_bias, weight_layout)
 

@@ -254,8 +254,7 @@ def distillation_loss(
             f"teacher_weight must have the student's vocabulary of {n_classes} classes, got {teacher_classes}"
         )
     _checks.check_shape("teacher_x", teacher_x, student_x.shape[:-1] + teacher_x.shape[-1:], "the rows of student_x")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    _checks.check_int("ignore_index", ignore_index)
     if labels is not None:
         check_labels(labels, student_x.shape[:-1], "the leading axes of student_x", n_classes, ignore_index)
     if not 0.0 <= beta <= 1.0:

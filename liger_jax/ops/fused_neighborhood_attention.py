@@ -12,8 +12,9 @@ import numpy as np
 from liger_jax import runtime
 from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._batching import vmap_over_rows
+from liger_jax.ops._checks import check_int
 from liger_jax.ops._partitioning import partitioned
-from liger_jax.ops._score_maps import check_int, masked_softmax
+from liger_jax.ops._score_maps import masked_softmax
 
 
 def fused_neighborhood_attention(

@@ -7,7 +7,8 @@ import numpy as np
 
 from liger_jax import runtime
 from liger_jax.ops import _checks, _dispatch
-from liger_jax.ops._score_maps import causal, check_int, check_pair, masked_softmax
+from liger_jax.ops._checks import check_int
+from liger_jax.ops._score_maps import causal, check_pair, masked_softmax
 from liger_jax.ops.sparsemax import sparsemax
 
 # Liger's fill for future scores before sparsemax: finite, as sparsemax needs, and far below any real score, so it

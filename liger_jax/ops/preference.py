@@ -105,7 +105,7 @@ def paired_logps(
     _check_even_batch(x)
     if nll_target is not None:
         n_classes = seq.check_head("", x, weight, bias, weight_layout)
-        seq.check_tokens("nll_target", nll_target, x, n_classes, seq.checked_ignore_index(ignore_index))
+        seq.check_tokens("nll_target", nll_target, x, n_classes, _checks.check_int("ignore_index", ignore_index))
     token_logps, mask, logps, ref_logps = seq.labelled_sequence_logprobs(
         x,
         weight,
