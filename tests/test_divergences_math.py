@@ -212,7 +212,7 @@ def test_jsd_kernel_gradient_matches_finite_differences():
 @pytest.mark.parametrize("implementation", [KERNEL, "xla"])
 def test_jsd_is_finite_where_one_side_gives_a_class_zero_probability(implementation):
     # A class the student (or the teacher) rules out (log-probability -inf) still has a positive mixture m, so
-    # the loss and gradient stay finite: the mixture's log is taken around the larger of the two log-probabilities.
+    # the loss and gradient stay finite.
     log_q, log_p = _log_probs(11, (4, 7)), _log_probs(12, (4, 7))
     log_q[0, 2], log_p[1, 5] = -np.inf, -np.inf
     log_q[0] -= np.log(np.exp(log_q[0]).sum())
@@ -221,5 +221,22 @@ def test_jsd_is_finite_where_one_side_gives_a_class_zero_probability(implementat
         jax.value_and_grad(lambda x: liger_jax.jsd(x, _f32(log_p), beta=0.5, implementation=implementation))
     )(_f32(log_q))
     rows, row_grads = closed_form_jsd(log_q, log_p, 0.5)
+    np.testing.assert_allclose(loss, rows.sum() / 4, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, np.nan_to_num(row_grads) / 4, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_jsd_is_finite_where_both_sides_give_a_class_a_subnormal_probability(implementation):
+    # Log-probabilities near -100 on both sides: both probabilities and the mixture m are below the smallest normal
+    # fp32 (or flush to 0), which must neither make log m -inf under a positive weight nor show in the row sums.
+    log_q, log_p = _log_probs(13, (4, 7)), _log_probs(14, (4, 7))
+    log_q[:, 3], log_p[:, 3] = -100.0, -101.0
+    log_q[2, 6], log_p[2, 6] = -99.0, -np.inf
+    log_q -= np.log(np.exp(log_q).sum(axis=1, keepdims=True))
+    log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+    loss, grad = jax.jit(
+        jax.value_and_grad(lambda x: liger_jax.jsd(x, _f32(log_p), beta=0.3, implementation=implementation))
+    )(_f32(log_q))
+    rows, row_grads = closed_form_jsd(log_q, log_p, 0.3)
     np.testing.assert_allclose(loss, rows.sum() / 4, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, np.nan_to_num(row_grads) / 4, rtol=1e-5, atol=1e-7)

@@ -1,6 +1,8 @@
 """fused_linear_distillation and fused_linear_jsd: every implementation against float64 references that materialise
 both models' logits, written from the losses' definitions."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,13 +18,14 @@ pytestmark = pytest.mark.usefixtures("full_precision_matmuls")
 N, HS, HT, V = 19, 16, 12, 259  # N not a multiple of CHUNK; odd V over two interpreter blocks; H_t ≠ H_s
 CHUNK = 8
 # (dtype, weight_layout, biases, divergence, beta, temperature, weight_hard_loss, weight_soft_loss). JSD's beta
-# limits are in test_fused_linear_jsd_matches_float64_reference, TVD in test_vmap_and_leading_axes.
+# limits are in test_fused_linear_jsd_matches_float64_reference.
 CASES = [
     (jnp.float32, "hv", True, "jsd", 0.5, 1.0, 0.5, 0.5),
     (jnp.float32, "vh", True, "kl", 0.5, 1.5, 0.5, 0.5),
     (jnp.float32, "hv", True, "cosine", 0.7, 0.8, 0.5, 0.5),
     (jnp.bfloat16, "hv", True, "jsd", 0.3, 0.7, 0.5, 0.5),
     (jnp.bfloat16, "vh", False, "kl", 0.5, 1.0, 1.0, 2.0),
+    (jnp.float32, "hv", False, "tvd", 0.5, 1.3, 0.6, 0.4),
 ]
 
 
@@ -112,6 +115,71 @@ def test_fused_linear_jsd_matches_float64_reference(implementation, beta, with_l
         return liger_jax.fused_linear_jsd_reference(x, weight, *teacher, labels, **options)
 
     harness.assert_vjp_matches_reference(op, reference, (x, weight), jnp.float32(2.0), jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_a_chunk_of_more_rows_than_a_program_takes_matches_float64_reference(implementation):
+    # One chunk of 70 rows: the interpreter's kernel takes 32 rows of these 259 classes per program, so the chunk's
+    # rows span three programs, the last one partial.
+    (x, weight, _), (teacher_x, teacher_weight, _), labels = _inputs(32, jnp.float32, n_rows=70)
+    options = {"divergence": "jsd", "beta": 0.4, "temperature": 1.2}
+
+    def op(x, weight):
+        return liger_jax.fused_linear_distillation(
+            x, weight, teacher_x, teacher_weight, labels, chunk_size=70, implementation=implementation, **options
+        )
+
+    def reference(x, weight):
+        teacher = harness.as_float64(teacher_x, teacher_weight)
+        return liger_jax.fused_linear_distillation_reference(x, weight, *teacher, labels, **options)
+
+    harness.assert_vjp_matches_reference(op, reference, (x, weight), jnp.float32(1.3), jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_a_label_out_of_range_gives_a_nan_hard_loss_and_no_hard_gradient(implementation):
+    # A traced label (no concrete range check) outside [0, V), as the cross-entropy kernels treat it: the hard loss
+    # is NaN and the row's gradient is its soft loss's alone, the same as with no hard loss at all.
+    (x, weight, _), (teacher_x, teacher_weight, _), labels = _inputs(33, jnp.float32)
+    labels = labels.at[5].set(V)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def grads(labels, weight_hard_loss):
+        def loss(x):
+            return liger_jax.fused_linear_distillation(
+                x,
+                weight,
+                teacher_x,
+                teacher_weight,
+                labels,
+                weight_hard_loss=weight_hard_loss,
+                return_soft_hard_loss=True,
+                chunk_size=CHUNK,
+                implementation=implementation,
+            )
+
+        (_, soft, hard), pullback = jax.vjp(loss, x)
+        return soft, hard, pullback((jnp.float32(1.0), jnp.float32(0.0), jnp.float32(0.0)))[0]
+
+    soft, hard, dx = grads(labels, 0.5)
+    assert np.isnan(hard) and np.isfinite(soft)
+    # Without a hard loss the cross-entropy is not computed at all.
+    dx_soft_only = jax.jit(
+        jax.grad(
+            lambda x, labels: liger_jax.fused_linear_distillation(
+                x,
+                weight,
+                teacher_x,
+                teacher_weight,
+                labels,
+                weight_hard_loss=0.0,
+                chunk_size=CHUNK,
+                implementation=implementation,
+            )
+        )
+    )(x, labels)
+    np.testing.assert_allclose(dx[5], dx_soft_only[5], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(dx[6], dx_soft_only[6])  # a row with a label in range has a hard part
 
 
 def _distillation_op(teacher_x, teacher_weight, labels, **options):

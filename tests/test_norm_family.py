@@ -402,6 +402,62 @@ def test_modulated_rows_shard_per_token():
     assert_only_small_all_reduces(compiled_collectives(program, *sharded), nbytes(weight) + 64)
 
 
+@pytest.mark.parametrize(("x_shape", "scale_shape"), [((2, 7, 24), (2, 24)), ((9, 24), (24,))])
+def test_modulation_groups_split_over_programs_and_tiles(x_shape, scale_shape):
+    # Two-row tiles: per example, each program walks its group's 4 tiles, the last one partial; shared, the group's
+    # 5 tiles go to 3 programs. Every partial of dscale and dshift must land in its own group's sum.
+    primals = _modulated_inputs(35, x_shape, scale_shape, jnp.float32)
+    cotangent = harness.random_normal(36, x_shape, jnp.float32)
+    op = functools.partial(liger_jax.modulated_rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)
+    with _tiling.overridden(_tiling.TilingOverride(block_rows=2)):
+        got = harness.vjp_under_jit(op, primals, cotangent)
+    reference = liger_jax.modulated_rms_norm_reference
+    expected = harness.vjp_under_jit(reference, harness.as_float64(*primals), *harness.as_float64(cotangent))
+    chex.assert_trees_all_close(got, jax.tree.map(lambda a: a.astype(jnp.float32), expected), atol=1e-5, rtol=1e-5)
+
+
+def test_modulation_groups_vmap_fold_into_groups_and_map_gradients():
+    # vmap folds the mapped axis into the groups of the forward launch; the backward (partial sums) maps over it.
+    x, weight, scale, shift = _modulated_inputs(39, (3, 2, 5, 24), (3, 2, 24), jnp.float32)
+    op = functools.partial(liger_jax.modulated_rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)
+
+    def loss(op):
+        return lambda x, scale, shift: jnp.sum(op(x, weight, scale, shift) ** 2)
+
+    got = jax.jit(jax.vmap(jax.value_and_grad(loss(op), argnums=(0, 1, 2))))(x, scale, shift)
+    reference = loss(liger_jax.modulated_rms_norm_reference)
+    want = jax.vmap(jax.value_and_grad(reference, argnums=(0, 1, 2)))(*harness.as_float64(x, scale, shift))
+    harness.assert_close_trees(got, want, jnp.float32)
+
+
+@pytest.mark.parametrize("spec", [("data",), (None, "data")], ids=["examples", "tokens"])
+def test_modulation_groups_shard_over_examples_and_tokens(spec):
+    mesh_ = mesh((4,), ("data",))
+    x, weight, scale, shift = _modulated_inputs(37, (8, 8, 32), (8, 32), jnp.float32)
+    dy = harness.random_normal(38, x.shape, jnp.float32)
+    op = functools.partial(liger_jax.modulated_rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)
+
+    @jax.jit
+    def program(x, weight, scale, shift, dy):
+        y, pullback = jax.vjp(op, x, weight, scale, shift)
+        return y, pullback(dy)
+
+    expected = program(x, weight, scale, shift, dy)
+    modulation = spec[:1] if spec[0] else ()
+    sharded = (
+        place(x, mesh_, *spec),
+        place(weight, mesh_),
+        place(scale, mesh_, *modulation),
+        place(shift, mesh_, *modulation),
+        place(dy, mesh_, *spec),
+    )
+    y, grads = program(*sharded)
+    chex.assert_trees_all_close((y, grads), expected, atol=1e-5, rtol=1e-5)
+    assert y.sharding.spec == jax.sharding.PartitionSpec(*spec)
+    # Only partial sums cross devices: dweight, and per token dscale and dshift.
+    assert_only_small_all_reduces(compiled_collectives(program, *sharded), nbytes(weight, scale, shift) + 64)
+
+
 def test_modulated_modules_hold_liger_params():
     x, _, scale, shift = _modulated_inputs(33, (2, 3, 16), (2, 16), jnp.bfloat16)
     kernel = harness.KERNEL_IMPLEMENTATION

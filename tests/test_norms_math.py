@@ -11,6 +11,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax.kernels._rows import register_partial_blocks
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -186,4 +187,44 @@ def test_column_blocks_match_the_closed_forms(n_cols):
     ]
     actual = [y, dx, dscale, y_sum, dx_sum, dscale_sum, y_ln, dx_ln, dscale_ln, dbias_ln]
     for value, closed in zip(actual, expected, strict=True):
+        _assert_close(value, closed)
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "block_d", "n_partials", "blocks"),
+    [(200, 64, 2, 4), (192, 64, 1, 4), (12000, 4096, 1, 4), (16384, 8192, 2, 2), (16385, 4096, 2, 0),
+     (32768, 4096, 1, 8), (32769, 4096, 1, 0)],
+)  # fmt: skip
+def test_partial_sums_stay_in_registers_up_to_the_limit(n_cols, block_d, n_partials, blocks):
+    # Column blocks rounded up to a power of two; beyond MAX_REGISTER_PARTIALS fp32 sums, memory.
+    assert register_partial_blocks(n_cols, block_d, n_partials) == blocks
+
+
+@pytest.mark.parametrize(("op", "n_cols"), [("rms_norm", 32769), ("fused_add_rms_norm", 32769), ("layer_norm", 16385)])
+def test_partial_sums_in_memory_match_the_closed_forms(op, n_cols):
+    # Rows too wide for a program's partial sums to stay in registers: each program adds its row tiles' sums up in
+    # memory (5 rows make 3 programs of up to 2 row tiles in the interpreter).
+    tiling = _tiling.row_tiling(n_cols, reduces_rows=True)
+    assert register_partial_blocks(n_cols, tiling.block_d, 2 if op == "layer_norm" else 1) == 0
+    shape = (5, n_cols)
+    x, residual, scale, bias, dy = (
+        _normal(50 + i, s) for i, s in enumerate([shape, shape, (n_cols,), (n_cols,), shape])
+    )
+    kwargs = {"epsilon": EPSILON, "implementation": harness.KERNEL_IMPLEMENTATION}
+    if op == "rms_norm":
+        actual = harness.vjp_under_jit(lambda x, s: liger_jax.rms_norm(x, s, offset=1.0, **kwargs), (x, scale), dy)
+        expected = rms_norm_closed_form(x, scale, dy, EPSILON, 1.0)
+    elif op == "fused_add_rms_norm":
+        (y, _), (dx, _, dscale) = harness.vjp_under_jit(
+            lambda x, r, s: liger_jax.fused_add_rms_norm(x, r, s, offset=1.0, **kwargs),
+            (x, residual, scale),
+            (dy, jnp.zeros_like(dy)),
+        )
+        actual = y, (dx, dscale)
+        expected = rms_norm_closed_form(np.asarray(x, np.float64) + np.asarray(residual), scale, dy, EPSILON, 1.0)
+    else:
+        actual = harness.vjp_under_jit(lambda x, s, b: liger_jax.layer_norm(x, s, b, **kwargs), (x, scale, bias), dy)
+        expected = layer_norm_closed_form(x, scale, bias, dy, EPSILON)
+    y, grads = actual
+    for value, closed in zip((y, *grads), expected, strict=True):
         _assert_close(value, closed)

@@ -86,6 +86,7 @@ TARGETS: dict[str, Target] = {
     ),
     "liger_jax/kernels/divergence.py": Target(None, ("tests/test_divergences_math.py", "tests/test_divergences.py")),
     "liger_jax/kernels/logprobs.py": Target(None, ("tests/test_fused_linear_logprobs.py", *_NOT_XLA)),
+    "liger_jax/kernels/distillation.py": Target(None, ("tests/test_fused_linear_distillation.py", *_NOT_XLA)),
     "liger_jax/kernels/softmax.py": Target(None, ("tests/test_softmax.py", "tests/test_activations.py", *_NOT_XLA)),
     "liger_jax/kernels/sparsemax.py": Target(None, ("tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA)),
     "liger_jax/kernels/_row_maps.py": Target(

@@ -251,7 +251,7 @@ OPS = [
         {
             "chunk": (
                 "chunk",
-                [{"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB, "chunk": c} for c in (128, 256, 512, 1024)],
+                [{"tokens": TOKENS, "hidden": HIDDEN, "vocab": VOCAB, "chunk": c} for c in (128, 256, 512, 768, 1024)],
             )
         },
         [

@@ -6,6 +6,10 @@ column blocks, the last one partial, in two passes: one for the row statistics, 
 kernels write that count inside ``range(...)`` rather than naming it: Triton's interpreter turns every assigned
 value into a tensor, and ``range`` of a tensor fails there.)
 
+A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. A program walking
+column blocks keeps them in registers, as [blocks, BLOCK_D], when :func:`register_partial_blocks` says they fit;
+otherwise it adds each row tile's sums to its row of partials in memory (:func:`add_to_partial`).
+
 ``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
 divisibility-by-16 specialisation, and a runtime row stride or column bound leaves Triton unable to prove that a
 row starts 16-byte aligned, so every bf16 load and store becomes a 2-byte access (about half of HBM bandwidth).
@@ -15,6 +19,13 @@ column block starts at a multiple of the constexpr BLOCK_D, which keeps the alig
 
 import triton
 import triton.language as tl
+
+# The most fp32 partial sums a program keeps in registers while it walks column blocks: 128 KB, half the register
+# file of an H200 SM, which one 16-warp program fills. ptxas (sm_90, Triton 3.6, bf16 and fp32 weights) gives the
+# norms' backward in 8192-column blocks 86-128 registers a thread at 16 warps and no spills at 16384 columns
+# (LayerNorm's dscale and dbias: 32768 sums), where one 16384-column tile spills 164-272 bytes; at 32768 columns
+# RMSNorm's dscale takes 195-207 registers at 8 warps without spilling (220 bytes at 16 warps; the fused add's 0).
+MAX_REGISTER_PARTIALS = 32768
 
 
 @triton.jit
@@ -46,3 +57,46 @@ def add_to_partial(partial_row_ptr, cols, n_cols, values, accumulate):
     when ``accumulate`` (a program's first row tile starts its sums; an unwritten partial is garbage)."""
     previous = tl.load(partial_row_ptr + cols, mask=(cols < n_cols) & accumulate, other=0.0)
     tl.store(partial_row_ptr + cols, previous + values, mask=cols < n_cols)
+
+
+@triton.jit
+def load_tile_again(ptr, offsets, mask):
+    """A tile of ``ptr`` (0 where masked) loaded a second time in a row tile, after a reduction over its rows.
+
+    A tile just read is still in L1 (at worst in L2): reading it again costs no HBM traffic and less than keeping it
+    in registers across the reduction alongside a program's partial sums, which spills. Marked evict-first, its
+    last use; the hint also keeps Triton from merging this load with the first one (which would keep that live).
+    """
+    return tl.load(ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def load_weights_again(ptr, cols, n_cols):
+    """Weights [BLOCK_D] at ``cols`` (0 past ``n_cols``) loaded a second time in a row tile, as
+    :func:`load_tile_again`; marked evict-last, as every row tile reads them."""
+    return tl.load(ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")
+
+
+@triton.constexpr_function
+def register_partial_blocks(n_cols, block_d, n_partials):
+    """How many column blocks of ``block_d`` a program keeps its ``n_partials`` rows of partial sums [n_cols] in,
+    in registers: a power of two (tl.arange's shapes), the blocks past the row's end unused; 0 when the sums are
+    more than MAX_REGISTER_PARTIALS and stay in memory."""
+    blocks = triton.next_power_of_2((n_cols + block_d - 1) // block_d)
+    return blocks if n_partials * blocks * block_d <= MAX_REGISTER_PARTIALS else 0
+
+
+@triton.jit
+def add_to_block(partials, first_col, values, BLOCK_D: tl.constexpr):
+    """``partials`` [blocks, BLOCK_D] fp32 with ``values`` [BLOCK_D] added to the block from column ``first_col``
+    (a register tensor cannot be indexed by a loop variable: a mask picks the block, the others get + 0, exact)."""
+    block_cols = tl.arange(0, partials.shape[0]) * BLOCK_D
+    return partials + tl.where(block_cols[:, None] == first_col, values[None, :], 0.0)
+
+
+@triton.jit
+def store_blocks(partial_row_ptr, partials, n_cols, BLOCK_D: tl.constexpr):
+    """Stores ``partials`` [blocks, BLOCK_D] fp32, block b at columns b · BLOCK_D, into a program's row of partial
+    sums."""
+    cols = tl.arange(0, partials.shape[0])[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    tl.store(partial_row_ptr + cols, partials, mask=cols < n_cols)

@@ -27,6 +27,7 @@ from liger_jax.kernels._rows import row_block
 KL_DIV = tl.constexpr(0)
 JSD = tl.constexpr(1)
 TVD = tl.constexpr(2)
+SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
@@ -38,12 +39,14 @@ def _weighted(weight, value):
 @triton.jit
 def _jsd_terms(x, y, beta: tl.constexpr):
     """(loss, d/dx) per element of the generalised JSD with 0 < beta < 1, from fp32 log-probabilities x and y."""
-    # log m = log(β e^y + (1 - β) e^x) around the larger of x and y, so m of improbable classes cannot underflow.
-    # (Where both are -inf it is NaN, but both terms weigh it by 0 there.)
-    shift = tl.maximum(x, y)
-    log_m = shift + tl.log(beta * tl.exp(y - shift) + (1.0 - beta) * tl.exp(x - shift))
-    student = _weighted((1.0 - beta) * tl.exp(x), x - log_m)
-    return _weighted(beta * tl.exp(y), y - log_m) + student, student
+    q = tl.exp(x)
+    p = tl.exp(y)
+    # m is floored at the smallest normal fp32 so its log stays finite: below it, the terms weigh x - log m by
+    # probabilities under 1e-38, which no fp32 row sum can see. (Where x and y are both -inf the difference is NaN,
+    # but both terms weigh it by 0 there.)
+    log_m = tl.log(tl.maximum(beta * p + (1.0 - beta) * q, SMALLEST_NORMAL))
+    student = _weighted((1.0 - beta) * q, x - log_m)
+    return _weighted(beta * p, y - log_m) + student, student
 
 
 @triton.jit

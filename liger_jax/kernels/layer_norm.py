@@ -11,7 +11,17 @@ normalises block by block. The backward likewise: one pass for the row sums, one
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import add_to_partial, reversed_block, row_block, tile
+from liger_jax.kernels._rows import (
+    add_to_block,
+    add_to_partial,
+    load_tile_again,
+    load_weights_again,
+    register_partial_blocks,
+    reversed_block,
+    row_block,
+    store_blocks,
+    tile,
+)
 
 
 @triton.jit
@@ -129,12 +139,14 @@ def _backward_in_tiles(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows that fit one tile: scale and the program's dscale and dbias stay in registers."""
+    """The backward of rows that fit one tile: the program's dscale and dbias stay in registers, and so do scale and
+    the tile with PREFETCH; without, they are loaded again after the row sums (see ``_rows.load_tile_again``)."""
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
     rows = row_block(first_row, BLOCK_ROWS)
     cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-    scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    if PREFETCH:
+        scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if PREFETCH:
@@ -150,8 +162,16 @@ def _backward_in_tiles(
             next_dy, next_x, next_mean, next_rstd = _load_backward_tile(
                 dy_ptr, x_ptr, mean_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
             )
+        if not PREFETCH:
+            scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         normed = _normed(x, mean, rstd, mask)
         sum_g, sum_gn = _row_sums(dy, normed, scale)
+        if not PREFETCH:
+            # A wide tile, scale, dscale and dbias would not fit the registers together (ptxas at 16384 columns and
+            # 16 warps: 216-272 bytes of spills; 32-152 this way).
+            dy, x = load_tile_again(dy_ptr, offsets, mask), load_tile_again(x_ptr, offsets, mask)
+            scale = load_weights_again(scale_ptr, cols, n_cols).to(tl.float32)
+            normed = _normed(x, mean, rstd, mask)
         dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dy_f32 = dy.to(tl.float32)
@@ -182,8 +202,12 @@ def _backward_in_column_blocks(
     BLOCK_D: tl.constexpr,
 ):
     """The backward of rows longer than a tile: per row tile, one pass for Σ g and Σ g · n, one for dx, dscale and
-    dbias."""
+    dbias. The program's dscale and dbias stay in registers if they fit (see ``liger_jax.kernels._rows``)."""
+    PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 2)
     pid = tl.program_id(0).to(tl.int64)
+    if PARTIAL_BLOCKS:
+        dscale = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
+        dbias = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
@@ -197,8 +221,9 @@ def _backward_in_column_blocks(
             block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
             sum_g += block_g
             sum_gn += block_gn
-        # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
-        tl.debug_barrier()
+        if not PARTIAL_BLOCKS:
+            # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
+            tl.debug_barrier()
         for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             first_col = reversed_block(step, n_cols, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
@@ -208,9 +233,17 @@ def _backward_in_column_blocks(
             dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
             tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dy_f32 = dy.to(tl.float32)
-            later_tile = tile_index > 0
-            add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tl.sum(dy_f32 * normed, axis=0), later_tile)
-            add_to_partial(dbias_partial_ptr + pid * n_cols, cols, n_cols, tl.sum(dy_f32, axis=0), later_tile)
+            block_dscale, block_dbias = tl.sum(dy_f32 * normed, axis=0), tl.sum(dy_f32, axis=0)
+            if PARTIAL_BLOCKS:
+                dscale = add_to_block(dscale, first_col, block_dscale, BLOCK_D)
+                dbias = add_to_block(dbias, first_col, block_dbias, BLOCK_D)
+            else:
+                later_tile = tile_index > 0
+                add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, block_dscale, later_tile)
+                add_to_partial(dbias_partial_ptr + pid * n_cols, cols, n_cols, block_dbias, later_tile)
+    if PARTIAL_BLOCKS:
+        store_blocks(dscale_partial_ptr + pid * n_cols, dscale, n_cols, BLOCK_D)
+        store_blocks(dbias_partial_ptr + pid * n_cols, dbias, n_cols, BLOCK_D)
 
 
 @triton.jit

@@ -14,10 +14,22 @@ import triton.language as tl
 from liger_jax.kernels._rows import row_block, tile
 
 
+# The row sums [BLOCK_ROWS] of four fp32 tiles as one reduction of their [BLOCK_ROWS, BLOCK_D, 2, 2] stack (the
+# stacked axes stay within each thread): one exchange between the warps, and its barriers, rather than one per sum
+# (ptxas, sm_90: 8 → 2 barriers forward, 11 → 2 backward, at D = 4096).
 @triton.jit
-def _rstd(u, n_cols: tl.constexpr, eps: tl.constexpr):
-    """1 / sqrt(mean(u²) + eps) of each row of an fp32 tile ``u`` (0 where masked): [BLOCK_ROWS]."""
-    return 1.0 / tl.sqrt(tl.sum(u * u, axis=1) / n_cols + eps)
+def _row_sums4(u0, u1, u2, u3):
+    sums = tl.sum(tl.join(tl.join(u0, u1), tl.join(u2, u3)), axis=1)
+    low, high = tl.split(sums)
+    s0, s1 = tl.split(low)
+    s2, s3 = tl.split(high)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _rstd(sum_squares, n_cols: tl.constexpr, eps: tl.constexpr):
+    """1 / sqrt(mean(u²) + eps) of each row, from its Σ u² [BLOCK_ROWS]."""
+    return 1.0 / tl.sqrt(sum_squares / n_cols + eps)
 
 
 @triton.jit
@@ -44,7 +56,8 @@ def poly_norm_fwd(
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x2 = x * x
     x3 = x2 * x
-    rstd3, rstd2, rstd1 = _rstd(x3, n_cols, eps), _rstd(x2, n_cols, eps), _rstd(x, n_cols, eps)
+    squares3, squares2, squares1, _ = _row_sums4(x3 * x3, x2 * x2, x * x, x)
+    rstd3, rstd2, rstd1 = _rstd(squares3, n_cols, eps), _rstd(squares2, n_cols, eps), _rstd(squares1, n_cols, eps)
     w0 = tl.load(w0_ptr).to(tl.float32)
     w1 = tl.load(w1_ptr).to(tl.float32)
     w2 = tl.load(w2_ptr).to(tl.float32)
@@ -92,7 +105,7 @@ def poly_norm_bwd(
     w2 = tl.load(w2_ptr).to(tl.float32)
     x2 = x * x
     x3 = x2 * x
-    s3, s2, s1 = tl.sum(dy * x3, axis=1), tl.sum(dy * x2, axis=1), tl.sum(dy * x, axis=1)
+    s3, s2, s1, s0 = _row_sums4(dy * x3, dy * x2, dy * x, dy)
     # The correction terms' per-row factors: w_p · (p / D) · rstd_p³ · S_p.
     c3 = w0 * (3.0 / n_cols) * rstd3 * rstd3 * rstd3 * s3
     c2 = w1 * (2.0 / n_cols) * rstd2 * rstd2 * rstd2 * s2
@@ -109,4 +122,4 @@ def poly_norm_bwd(
     tl.store(dw0_rows_ptr + rows, rstd3 * s3, mask=row_mask)
     tl.store(dw1_rows_ptr + rows, rstd2 * s2, mask=row_mask)
     tl.store(dw2_rows_ptr + rows, rstd1 * s1, mask=row_mask)
-    tl.store(dbias_rows_ptr + rows, tl.sum(dy, axis=1), mask=row_mask)
+    tl.store(dbias_rows_ptr + rows, s0, mask=row_mask)

@@ -6,14 +6,24 @@ elements apart. Statistics are always accumulated in fp32. The fused-add kernels
 
 A row that fits one tile (``n_cols <= BLOCK_D``) is loaded once and kept in registers. A longer row is walked in
 column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² and then normalises block by block; the
-backward sums g · n and then writes dx block by block, adding each block's dscale into the program's row of
-partial sums in memory.
+backward sums g · n and then writes dx block by block, adding each block's dscale into the program's partial sums
+(in registers when they fit, else in its row of partials in memory: see ``liger_jax.kernels._rows``).
 """
 
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import add_to_partial, reversed_block, row_block, tile
+from liger_jax.kernels._rows import (
+    add_to_block,
+    add_to_partial,
+    load_tile_again,
+    load_weights_again,
+    register_partial_blocks,
+    reversed_block,
+    row_block,
+    store_blocks,
+    tile,
+)
 
 # The CASTING constexpr; liger_jax.ops.rms_norm maps the casting_mode names onto these codes.
 CASTING_NONE = tl.constexpr(0)
@@ -246,12 +256,14 @@ def _backward_in_tiles(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows that fit one tile: scale and the program's dscale stay in registers."""
+    """The backward of rows that fit one tile: the program's dscale stays in registers, and so do scale and the tile
+    with PREFETCH; without, they are loaded again after the row sums (see ``_rows.load_tile_again``)."""
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
     rows = row_block(first_row, BLOCK_ROWS)
     cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-    scale = _load_scale(scale_ptr, cols, n_cols, offset)
+    if PREFETCH:
+        scale = _load_scale(scale_ptr, cols, n_cols, offset)
     dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if PREFETCH:
         dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
@@ -266,7 +278,14 @@ def _backward_in_tiles(
             next_dy, next_x, next_rstd = _load_backward_tile(
                 dy_ptr, x_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
             )
+        if not PREFETCH:
+            scale = _load_scale(scale_ptr, cols, n_cols, offset)
         mean_gn = _sum_g_normed(dy, x, rstd, scale) / n_cols
+        if not PREFETCH:
+            # A wide tile, scale and dscale would not fit the registers together (ptxas: 164-188 bytes of spills at
+            # 16384 columns and 16 warps; none this way).
+            dy, x = load_tile_again(dy_ptr, offsets, mask), load_tile_again(x_ptr, offsets, mask)
+            scale = offset + load_weights_again(scale_ptr, cols, n_cols).to(tl.float32)
         dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
         _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
         dscale += tile_dscale
@@ -295,8 +314,12 @@ def _backward_in_column_blocks(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass for Σ g · n and one for dx and dscale."""
+    """The backward of rows longer than a tile: per row tile, one pass for Σ g · n and one for dx and dscale. The
+    program's dscale stays in registers if it fits (see ``liger_jax.kernels._rows``)."""
+    PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 1)
     pid = tl.program_id(0).to(tl.int64)
+    if PARTIAL_BLOCKS:
+        dscale = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
@@ -307,8 +330,9 @@ def _backward_in_column_blocks(
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
         mean_gn = sum_gn / n_cols
-        # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
-        tl.debug_barrier()
+        if not PARTIAL_BLOCKS:
+            # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
+            tl.debug_barrier()
         for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             first_col = reversed_block(step, n_cols, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
@@ -317,7 +341,12 @@ def _backward_in_column_blocks(
             scale = _load_scale(scale_ptr, cols, n_cols, offset)
             dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
             _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
-            add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tile_dscale, tile_index > 0)
+            if PARTIAL_BLOCKS:
+                dscale = add_to_block(dscale, first_col, tile_dscale, BLOCK_D)
+            else:
+                add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tile_dscale, tile_index > 0)
+    if PARTIAL_BLOCKS:
+        store_blocks(dscale_partial_ptr + pid * n_cols, dscale, n_cols, BLOCK_D)
 
 
 @triton.jit

@@ -35,10 +35,13 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "fused_linear_logprobs": 2**22,  # the logits it never builds: rows × V
     "fused_linear_jsd": 2**22,  # the student's logits it never builds: rows × V
     "fused_linear_distillation": 2**22,  # the student's logits it never builds: rows × V
-    # Not measured yet: cross-entropy's threshold, as these read [rows, V] operands in one pass the same way.
-    "kl_div": 2**22,  # input: rows × V
+    # Not measured yet: cross-entropy's threshold, as this reads [rows, V] operands in one pass the same way.
     "jsd": 2**22,  # input: rows × V
-    "tvd": 2**22,  # input: rows × V
+    # Never by default: XLA's own fusion of these already makes the fewest passes (KL: the forward reads input and
+    # target, the backward reads the target and writes the gradient), and on the H200 at 8192 × 128256 bf16 the
+    # kernels measured 0.97-0.99x (KL) and 0.92x (TVD, its gradient's sign kept in int8) of XLA's fwd+bwd.
+    "kl_div": 2**62,  # input: rows × V
+    "tvd": 2**62,  # input: rows × V
     # Not measured yet: the row norms' threshold, as these launch the same way.
     "group_norm": 2**24,  # x: batch × positions × channels
     "dyt": 2**24,  # x: rows × D
@@ -55,10 +58,10 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "fused_neighborhood_attention": 2**20,  # query: batch × S × heads × head_dim
 }
 # Rows longer than this run XLA by default: from D = 32768 the norms' backward can no longer keep a row on chip and
-# walks it twice (column blocks), which measured 0.73-0.80x XLA's fwd+bwd for RMSNorm and LayerNorm on the H200
-# (16384 × 32768 bf16, benchmarks' hidden sweep); at D = 16384 the kernels are 1.4-2.1x XLA. Fused add+RMSNorm
-# still wins at 32768 (1.25x: XLA's add and norm are two passes of their own), so its bound is one step higher.
-MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 16384, "layer_norm": 16384, "fused_add_rms_norm": 32768}
+# walks it twice (column blocks). Measured on the H200 (4096 × 32768 bf16 fwd+bwd, 8192-column blocks): RMSNorm
+# 1.06x XLA, fused add+RMSNorm 1.48x; LayerNorm, whose backward sums two rows of partials, was 0.73-0.80x XLA with
+# 4096-column blocks (its bound stays at 16384, where the kernels are 1.5-2.5x XLA).
+MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 32768, "layer_norm": 16384, "fused_add_rms_norm": 32768}
 
 
 def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -> runtime.Implementation:

@@ -156,41 +156,54 @@ def row_losses(divergence: Divergence):
     """``(input [..., V], target [..., V], labels [...]) -> losses`` fp32 (``[..., V]`` when ``elementwise``)."""
     if divergence.implementation == "xla":
         return functools.partial(reference_losses, divergence=divergence)
-    return _kernel_losses(divergence)
+    return _kernel_losses(divergence, _tiling.current_override())
 
 
-def row_losses_and_grads(divergence: Divergence):
+def row_losses_and_grads(divergence: Divergence, grad_dtype=None):
     """``(input, target, labels, grad_scale [...] fp32) -> (losses, dinput)``.
 
-    ``dinput`` (input.dtype) is ``grad_scale[row] · d(row loss)/dinput``, 0 on ignored rows: the gradient of
-    ``Σ grad_scale · losses`` (of each element's term times its row's scale, when ``elementwise``).
+    ``dinput`` (``grad_dtype``, by default input.dtype) is ``grad_scale[row] · d(row loss)/dinput``, 0 on ignored
+    rows: the gradient of ``Σ grad_scale · losses`` (of each element's term times its row's scale, when
+    ``elementwise``), rounded (or, to an integer dtype, truncated) once.
     """
     if divergence.implementation == "xla":
-        return functools.partial(_reference_losses_and_grads, divergence=divergence)
-    return _kernel_losses_and_grads(divergence)
+        return functools.partial(_reference_losses_and_grads, divergence=divergence, grad_dtype=grad_dtype)
+    return _kernel_losses_and_grads(divergence, _tiling.current_override(), grad_dtype)
 
 
-def _reference_losses_and_grads(input, target, labels, grad_scale, divergence):
+def _reference_losses_and_grads(input, target, labels, grad_scale, divergence, grad_dtype):
     losses, pullback = jax.vjp(lambda input: reference_losses(input, target, labels, divergence), input)
     scale = grad_scale[..., None] if divergence.elementwise else grad_scale
     (dinput,) = pullback(jnp.broadcast_to(scale.astype(losses.dtype), losses.shape))
-    return losses, dinput
+    return losses, dinput if grad_dtype is None else dinput.astype(grad_dtype)
 
 
 def _loss_shape(n_rows: int, n_cols: int, divergence: Divergence) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((n_rows, n_cols) if divergence.elementwise else (n_rows,), jnp.float32)
 
 
-def _launch(divergence: Divergence, input, target, labels, grad_scale=None):
+def block_tiling(n_cols: int, implementation: str, override: _tiling.TilingOverride | None = None) -> _tiling.RowTiling:
+    """How the divergence kernel cuts rows of ``n_cols`` classes: BLOCK_ROWS rows per program, walked in vocabulary
+    blocks of ``block_d`` (BLOCK_V). ``override`` (``_tiling.overridden``'s) forces the vocabulary block (its
+    block_d), the rows per program, the warps and the stages."""
+    override = override or _tiling.TilingOverride()
+    limit = INTERPRETER_MAX_BLOCK_V if implementation == "interpret" else MAX_BLOCK_V
+    block_v = min(override.block_d or limit, _tiling.next_power_of_2(n_cols))
+    # Short rows share a program so each still moves a few thousand elements.
+    block_rows = override.block_rows or _tiling.rows_per_tile(block_v)
+    # 32 fp32 values per thread per operand, at least 4 warps.
+    num_warps = override.num_warps or max(4, min(32, block_rows * block_v // 1024))
+    return _tiling.RowTiling(block_rows, block_v, num_warps, num_stages=override.num_stages or 1)
+
+
+def _launch(divergence: Divergence, override, input, target, labels, grad_scale=None, grad_dtype=None):
     """The divergence kernel over ``input``/``target`` ``[..., V]`` seen as rows, ``labels`` ``[...]`` flattened alike:
-    ``losses``, or ``(losses, dinput)`` when ``grad_scale`` ``[...]`` is given (the kernel's WITH_GRAD)."""
+    ``losses``, or ``(losses, dinput)`` when ``grad_scale`` ``[...]`` is given (the kernel's WITH_GRAD; dinput in
+    ``grad_dtype``, by default input's), tiled as :func:`block_tiling` says with ``override``."""
     from liger_jax.kernels import divergence as kernels
 
     n_rows, n_cols = labels.size, input.shape[-1]
-    limit = INTERPRETER_MAX_BLOCK_V if divergence.implementation == "interpret" else MAX_BLOCK_V
-    block_v = min(limit, _tiling.next_power_of_2(n_cols))
-    # Short rows share a program so each still moves a few thousand elements.
-    block_rows = _tiling.rows_per_tile(block_v)
+    tiling = block_tiling(n_cols, divergence.implementation, override)
     with_grad = grad_scale is not None
     # Without the gradient, grad_scale and dinput are one-element placeholders the kernel never touches.
     dinput_shape = (n_rows, n_cols) if with_grad else (1,)
@@ -201,11 +214,14 @@ def _launch(divergence: Divergence, input, target, labels, grad_scale=None):
         labels.reshape(n_rows),
         grad_scale.reshape(n_rows).astype(jnp.float32) if with_grad else jnp.zeros((1,), jnp.float32),
         n_rows,
-        out_shape=(_loss_shape(n_rows, n_cols, divergence), jax.ShapeDtypeStruct(dinput_shape, input.dtype)),
-        grid=(_tiling.cdiv(n_rows, block_rows),),
+        out_shape=(
+            _loss_shape(n_rows, n_cols, divergence),
+            jax.ShapeDtypeStruct(dinput_shape, grad_dtype or input.dtype),
+        ),
+        grid=(_tiling.cdiv(n_rows, tiling.block_rows),),
         implementation=divergence.implementation,
-        # 32 fp32 values per thread per operand, at least 4 warps.
-        num_warps=max(4, min(32, block_rows * block_v // 1024)),
+        num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages,
         n_cols=n_cols,
         ignore_index=int(divergence.ignore_index),
         DIVERGENCE=_KERNEL_CODES[divergence.kind],
@@ -215,9 +231,9 @@ def _launch(divergence: Divergence, input, target, labels, grad_scale=None):
         HAS_LABELS=divergence.has_labels,
         ELEMENTWISE=divergence.elementwise,
         WITH_GRAD=with_grad,
-        BLOCK_ROWS=block_rows,
-        BLOCK_V=block_v,
-        NUM_V_BLOCKS=_tiling.cdiv(n_cols, block_v),
+        BLOCK_ROWS=tiling.block_rows,
+        BLOCK_V=tiling.block_d,
+        NUM_V_BLOCKS=_tiling.cdiv(n_cols, tiling.block_d),
     )
     loss = outputs[0].reshape(input.shape if divergence.elementwise else labels.shape)
     return (loss, outputs[1].reshape(input.shape)) if with_grad else loss
@@ -228,9 +244,9 @@ def _loss_factors(divergence: Divergence) -> str:
 
 
 @functools.cache
-def _kernel_losses(divergence: Divergence):
+def _kernel_losses(divergence: Divergence, override: _tiling.TilingOverride | None):
     def losses(input, target, labels):
-        return _launch(divergence, input, target, labels)
+        return _launch(divergence, override, input, target, labels)
 
     # Rows shard freely; each launch needs its rows whole.
     sharded = partitioned(losses, f"... v, ... v, ... -> {_loss_factors(divergence)}", replicated=("v",))
@@ -238,9 +254,9 @@ def _kernel_losses(divergence: Divergence):
 
 
 @functools.cache
-def _kernel_losses_and_grads(divergence: Divergence):
+def _kernel_losses_and_grads(divergence: Divergence, override: _tiling.TilingOverride | None, grad_dtype):
     def losses_and_grads(input, target, labels, grad_scale):
-        return _launch(divergence, input, target, labels, grad_scale)
+        return _launch(divergence, override, input, target, labels, grad_scale, grad_dtype)
 
     rule = f"... v, ... v, ..., ... -> {_loss_factors(divergence)}, ... v"
     sharded = partitioned(losses_and_grads, rule, replicated=("v",))
@@ -263,13 +279,27 @@ def _reduced_loss(input, target, labels, divergence, reduction):
 
 def _reduced_loss_fwd(input, target, labels, divergence, reduction):
     scale = reduction_scale(labels, input.shape[-1], reduction, divergence)
-    losses, dinput = row_losses_and_grads(divergence)(input, target, labels, jnp.broadcast_to(scale, labels.shape))
-    return reduce(losses, labels, input.shape[-1], reduction, divergence), dinput
+    # The residual is the gradient times ``factor``'s inverse, and a zero-size array of the gradient's dtype.
+    if divergence.kind == "tvd":
+        # TVD's gradient is ±1/2 or 0 times the scale: the forward keeps its sign in int8 (half the bytes of a bf16
+        # gradient, written once and read back once) and the backward scales it.
+        factor = 0.5 * scale
+        signs = row_losses_and_grads(divergence, jnp.int8)
+        losses, gradient = signs(input, target, labels, jnp.full(labels.shape, 2.0, jnp.float32))
+    else:
+        losses, gradient = row_losses_and_grads(divergence)(
+            input, target, labels, jnp.broadcast_to(scale, labels.shape)
+        )
+        factor = jnp.float32(1.0)
+    residuals = (gradient, factor, jnp.zeros((0,), input.dtype))
+    return reduce(losses, labels, input.shape[-1], reduction, divergence), residuals
 
 
-def _reduced_loss_bwd(divergence, reduction, dinput, cotangent):
+def _reduced_loss_bwd(divergence, reduction, residuals, cotangent):
     del divergence, reduction
-    return (cotangent.astype(jnp.float32) * dinput.astype(jnp.float32)).astype(dinput.dtype), None, None
+    gradient, factor, like = residuals
+    dinput = (cotangent.astype(jnp.float32) * factor) * gradient.astype(jnp.float32)
+    return dinput.astype(like.dtype), None, None
 
 
 _reduced_loss.defvjp(_reduced_loss_fwd, _reduced_loss_bwd)

@@ -158,9 +158,20 @@ class ChunkPlan:
     weight_dtype: np.dtype
     bias_dtype: np.dtype | None
     logit_bytes: int | None = None  # bytes a chunk holds per logit when it sizes chunks; None: the logits' itemsize
+    sharded_logit_bytes: int | None = None  # the same with the vocabulary sharded; None: logit_bytes
 
     @classmethod
-    def for_operands(cls, x, weight, bias, weight_layout, chunk_size=None, accum_dtype=jnp.float32, logit_bytes=None):
+    def for_operands(
+        cls,
+        x,
+        weight,
+        bias,
+        weight_layout,
+        chunk_size=None,
+        accum_dtype=jnp.float32,
+        logit_bytes=None,
+        sharded_logit_bytes=None,
+    ):
         """The plan for these operands: logits in ``result_type(x, weight)``."""
         return cls(
             weight_layout=weight_layout,
@@ -171,6 +182,7 @@ class ChunkPlan:
             weight_dtype=weight.dtype,
             bias_dtype=None if bias is None else bias.dtype,
             logit_bytes=logit_bytes,
+            sharded_logit_bytes=sharded_logit_bytes,
         )
 
     def parameter_grads(self, dweight, dbias):
@@ -302,11 +314,10 @@ def _run_local_chunks(
 
     # Each device sizes its chunks from its own block; its rows may be fewer than an explicit chunk_size.
     n_classes = weight.shape[1 if plan.weight_layout == "hv" else 0]
+    logit_bytes = (vocab_axes and plan.sharded_logit_bytes) or plan.logit_bytes
     chunk_rows = min(
         plan.chunk_rows
-        or default_chunk_rows(
-            n_rows, x.shape[1], n_classes, x.dtype, plan.logits_dtype, plan.accum_dtype, plan.logit_bytes
-        ),
+        or default_chunk_rows(n_rows, x.shape[1], n_classes, x.dtype, plan.logits_dtype, plan.accum_dtype, logit_bytes),
         n_rows,
     )
     full_chunks, remainder = divmod(n_rows, chunk_rows)

@@ -107,6 +107,7 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, over
             grid=(programs,),
             implementation=implementation,
             num_warps=tiling.num_warps,
+            num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
             **constexprs,
             **grid_constexprs,

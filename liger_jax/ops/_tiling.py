@@ -25,13 +25,18 @@ MAX_BLOCK_ROWS = 64
 # The longest row a forward norm kernel keeps in one tile, in registers: at 32768 columns and 32 warps the three
 # forward kernels use at most 64 registers per thread and spill nothing; at 65536 every warp count spills.
 MAX_FORWARD_TILE_COLS = 32768
-# The same for the backward kernels, which also hold fp32 rows of scale and of the program's dscale. At 16384 columns
-# they spill 112-272 bytes per thread at 16 or 32 warps (into L1: Liger's 16-warp torch kernel runs at 95% of the
-# HBM floor there, against 10% for an 8-warp kernel that prefetches and spills 4 KB); at 32768, 530 bytes or more.
+# The same for the backward kernels, which also hold fp32 rows of the program's dscale (and dbias) and, without
+# prefetching, load the tile and scale again after the row sums rather than hold them (kernels._rows.
+# load_tile_again). At 16384 columns RMSNorm's and the fused add's spill nothing at 8 or 16 warps (0-40 bytes per
+# thread at 32), LayerNorm's 0-96 with bf16 weights (0 at 8 warps, 32 at 16) and 152-172 with fp32 ones; holding the
+# tile, 108-408 at 8-32 warps. Spills go to L1: Liger's 16-warp torch kernel runs at 95% of the HBM floor there,
+# against 10% for an 8-warp kernel that prefetches and spills 4 KB. At 32768 columns, 260-904 bytes.
 MAX_BACKWARD_TILE_COLS = 16384
-# Longer rows are walked in blocks of this many columns, at 16 warps (8 columns per thread: one 16-byte bf16 vector
-# per operand); every norm kernel compiles to at most 64 registers that way, without spilling.
-COLUMN_BLOCK = 4096
+# Longer rows are walked in blocks of this many columns, at 16 warps (16 columns per thread). Measured on the H200
+# (4096 × 32768 bf16 fwd+bwd, benchmarks.norm_tiling; the backward's partial sums in registers): RMSNorm 0.611 ms
+# (1.06x XLA) against 0.755 ms with 4096-column blocks, fused add+RMSNorm 0.735 ms (1.48x XLA, 86% of its floor)
+# against 0.994 ms.
+COLUMN_BLOCK = 8192
 COLUMN_BLOCK_WARPS = 16
 # Tiles up to this size keep the warp counts measured on the H200 (see row_tiling); wider ones get 32 elements of a
 # row per thread (Liger's 16 warps at 16384 columns, 32 at 32768): the forward kernels fit that without spilling.
@@ -73,27 +78,35 @@ class RowTiling:
     num_warps: int
     programs_per_sm: int = PROGRAMS_PER_SM
     prefetch: bool = False
+    num_stages: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class TilingOverride:
-    """Settings forced on :func:`row_tiling`; None leaves the rule's choice.
+    """Settings forced on :func:`row_tiling` (and on the tiling rules of the kernels that cut rows their own way:
+    the divergences' and GroupNorm's); None leaves the rule's choice.
 
     Attributes:
         block_d: columns per tile, a power of two; a row longer than this is walked in column blocks, and a
             shorter one gets one tile of its own length rounded up to a power of two.
+        block_rows: rows per tile, a power of two.
         num_warps: warps per program.
         prefetch: whether the backward kernels load the next row tile before computing this one (one-tile rows
             only; column blocks are never prefetched).
+        num_stages: Triton's software-pipelining stages for the kernels' loops.
     """
 
     block_d: int | None = None
+    block_rows: int | None = None
     num_warps: int | None = None
     prefetch: bool | None = None
+    num_stages: int | None = None
 
     def __post_init__(self):
-        if self.block_d is not None and (self.block_d < 1 or self.block_d & (self.block_d - 1)):
-            raise ValueError(f"block_d must be a power of two, got {self.block_d}")
+        for name in ("block_d", "block_rows"):
+            value = getattr(self, name)
+            if value is not None and (value < 1 or value & (value - 1)):
+                raise ValueError(f"{name} must be a power of two, got {value}")
 
 
 _OVERRIDE: contextvars.ContextVar[TilingOverride | None] = contextvars.ContextVar("row_tiling_override", default=None)
@@ -126,14 +139,15 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverr
     the kernels that walk tiles and sum over rows want 8 warps, 2 programs per SM and prefetching from D = 4096.
     Wider rows follow the register counts (see the constants): one tile up to MAX_FORWARD_TILE_COLS and
     MAX_BACKWARD_TILE_COLS, without prefetching beyond MEASURED_TILE_LIMIT (a second tile does not fit), column
-    blocks beyond. ``override`` (see :func:`overridden`) replaces any of block_d, warps and prefetching.
+    blocks beyond. ``override`` (see :func:`overridden`) replaces any of block_d, block_rows, warps, prefetching
+    and stages.
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
     block_d = override.block_d or (next_power_of_2(n_cols) if n_cols <= max_tile_cols else COLUMN_BLOCK)
     block_d = min(block_d, next_power_of_2(n_cols))
     one_tile = block_d >= n_cols
-    block_rows = rows_per_tile(block_d, ROW_TILE_ELEMENTS)
+    block_rows = override.block_rows or rows_per_tile(block_d, ROW_TILE_ELEMENTS)
     tile = block_rows * block_d
     if not one_tile:
         num_warps = COLUMN_BLOCK_WARPS
@@ -150,6 +164,7 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverr
         num_warps=override.num_warps or num_warps,
         programs_per_sm=WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM,
         prefetch=prefetch and one_tile,
+        num_stages=override.num_stages or 1,
     )
 
 
@@ -158,13 +173,16 @@ def _multiprocessor_count() -> int:
     return int(getattr(jax.devices()[0], "core_count", 0) or 132)
 
 
-def reduction_grid(n_rows: int, tiling: RowTiling, implementation: str) -> tuple[int, int]:
+def reduction_grid(n_rows: int, tiling: RowTiling, implementation: str, segments: int = 1) -> tuple[int, int]:
     """``(programs, tiles_per_program)`` for a kernel whose programs each walk a contiguous run of row tiles and
-    emit one partial sum; every program has work, and together they cover all ``n_rows``."""
+    emit one partial sum; every program has work, and together they cover all ``n_rows``. For ``segments``
+    launched together (each its own ``n_rows``, programs = segments × the result's programs), the programs are
+    shared out among them."""
     if implementation == "interpret":
         limit = INTERPRETER_PROGRAMS
     else:
         limit = tiling.programs_per_sm * _multiprocessor_count()
+    limit = max(1, limit // segments)
     tiles = cdiv(n_rows, tiling.block_rows)
     tiles_per_program = cdiv(tiles, max(1, min(tiles, limit)))
     return cdiv(tiles, tiles_per_program), tiles_per_program

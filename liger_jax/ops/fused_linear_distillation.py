@@ -17,10 +17,6 @@ from liger_jax.ops._distillation_rows import DIVERGENCES, DistillationRows
 from liger_jax.ops._linear_chunks import ChunkPlan, WeightLayout, check_linear_operands, logits_reference
 from liger_jax.ops.fused_linear_logprobs import check_temperature
 
-# A chunk holds, per logit, the student's and the teacher's logits and three fp32 buffers (the two models'
-# log-probabilities, then the gradient): chunks are sized by these bytes, not by the logits' alone.
-_FP32_BUFFERS_PER_LOGIT = 3
-
 
 def fused_linear_distillation(
     student_x: jax.Array,
@@ -68,13 +64,15 @@ def fused_linear_distillation(
     logits taken at once, and the gradient turned into ``dx`` and ``dweight``/``dbias`` right away, so the backward
     pass only scales them by the cotangent. An all-ignored batch gives 0 and zero gradients.
 
-    Memory: besides its inputs and outputs, a step holds one chunk's ``[chunk, V]`` buffers (both models' logits
-    in their dtype; in fp32 the two models' log-probabilities, then the gradient; the gradient rounded to the
-    logits' dtype: 18 bytes per logit for bf16 heads, 20 for fp32 ones), ``dx`` and the ``dweight`` accumulator
-    (``H × V`` in ``accum_dtype``). By default a chunk's buffers take at most the bound of
+    Memory: besides its inputs and outputs, a step holds one chunk's ``[chunk, V]`` buffers, ``dx`` and the
+    ``dweight`` accumulator (``H × V`` in ``accum_dtype``). With a kernel implementation and the JSD, KL or TVD loss
+    the chunk's buffers are both models' logits in their dtype (one kernel reads them and writes the gradient over
+    the student's: 4 bytes per logit for bf16 heads); the ``"xla"`` implementation, the cosine loss and a sharded
+    vocabulary add fp32 buffers (the two models' log-probabilities, then the gradient: 16 bytes per logit for bf16
+    heads, 20 for fp32 ones). By default a chunk's buffers take at most the bound of
     :func:`liger_jax.fused_linear_cross_entropy` (the larger of x's and the accumulator's bytes, at least 64 MiB).
     With ``accum_dtype`` the weight's own dtype the accumulator can be the gradient's buffer itself, and a
-    ``chunk_size`` then bounds the temporaries to about ``chunk_size · V · 18`` bytes (bf16 heads).
+    ``chunk_size`` then bounds the temporaries to about ``chunk_size · V`` times those bytes.
 
     Numerics: logits in ``result_type`` of each model's x and weight; the losses and the gradient of the logits in
     fp32 (rounded once to the logits' dtype); ``dweight``/``dbias`` summed over the chunks in ``accum_dtype`` (fp32
@@ -278,9 +276,15 @@ def distillation_loss(
         zero = jnp.zeros((), jnp.promote_types(jnp.result_type(student_x, student_weight), jnp.float32))
         return (zero, zero, zero) if return_soft_hard_loss else zero
     logits_dtype = jnp.result_type(student_x.dtype, student_weight.dtype)
-    logit_bytes = 2 * jnp.dtype(logits_dtype).itemsize + 4 * _FP32_BUFFERS_PER_LOGIT
     plan = ChunkPlan.for_operands(
-        student_x, student_weight, student_bias, weight_layout, chunk_size, accum_dtype, logit_bytes
+        student_x,
+        student_weight,
+        student_bias,
+        weight_layout,
+        chunk_size,
+        accum_dtype,
+        rows.logit_bytes(logits_dtype, vocab_sharded=False),
+        rows.logit_bytes(logits_dtype, vocab_sharded=True),
     )
     teacher = jax.lax.stop_gradient((teacher_x, teacher_weight, teacher_bias))
     loss, soft, hard = _distillation(

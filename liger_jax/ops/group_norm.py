@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _dispatch
+from liger_jax.ops import _checks, _dispatch, _tiling
 from liger_jax.ops._batching import vmap_over_rows
 from liger_jax.ops._partitioning import partitioned
 from liger_jax.ops._tiling import cdiv, next_power_of_2
@@ -17,14 +17,15 @@ from liger_jax.ops._tiling import cdiv, next_power_of_2
 # A program's block of groups spans at least this many channels, so each token's slice of it is one contiguous run
 # of at least 128 bytes (bf16): whole cache lines, however few channels a group has.
 MIN_BLOCK_CHANNELS = 64
-# Tokens are walked in chunks of about this many elements: 32 KB of bf16 per load keeps enough bytes in flight for
+# Tokens are walked in chunks of about this many elements: 64 KB of bf16 per load keeps enough bytes in flight for
 # one program per SM (the target shape, 16 × 4096 tokens × 512 channels in 32 groups, makes 128 programs). A group
 # block of at most this many elements is read once and kept in registers (one pass); a longer one is read twice,
-# the second pass from the end (L2).
-CHUNK_ELEMENTS = 16384
-# 16 elements of a chunk per thread (at least 4 warps, at most 32): ptxas (sm_90, bf16, the target's 256 × 64
-# chunks at 32 warps) gives the forward 43 registers and the backward 63 of the 64 a thread may hold, no spills; 32
-# elements per thread (16 warps) spilled 224 bytes in the backward.
+# the second pass from the end (L2). Measured on the H200 at the target (bf16 fwd+bwd, benchmarks.row_tiling):
+# 512-token chunks of 64 channels at 32 warps 0.257 ms (1.55x XLA), 256 tokens 0.313 ms (1.27x), 128 tokens at 16
+# warps 0.342 ms, 256 tokens of 32 channels at 16 warps 0.265 ms.
+CHUNK_ELEMENTS = 32768
+# 16 elements of a chunk per thread, at least 4 warps, at most 32 (so the target's 512 × 64 chunks get 32 each:
+# ptxas spills a few bytes in the backward, which the measurement above includes).
 ELEMENTS_PER_WARP = 512
 MAX_WARPS = 32
 # The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
@@ -126,19 +127,19 @@ def group_norm_reference(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _group_norm(x, scale, bias, num_groups, epsilon, implementation):
-    y, _, _ = _forward(num_groups, epsilon, implementation)(x, scale, bias)
+    y, _, _ = _forward(num_groups, epsilon, implementation, _tiling.current_override())(x, scale, bias)
     return y
 
 
 def _group_norm_fwd(x, scale, bias, num_groups, epsilon, implementation):
-    y, mean, rstd = _forward(num_groups, epsilon, implementation)(x, scale, bias)
+    y, mean, rstd = _forward(num_groups, epsilon, implementation, _tiling.current_override())(x, scale, bias)
     return y, (x, scale, bias, mean, rstd)
 
 
 def _group_norm_bwd(num_groups, epsilon, implementation, residuals, dy):
     del epsilon
     x, scale, bias, mean, rstd = residuals
-    dx, dscale, dbias = _backward(num_groups, implementation)(dy, x, scale, mean, rstd)
+    dx, dscale, dbias = _backward(num_groups, implementation, _tiling.current_override())(dy, x, scale, mean, rstd)
     n_channels = x.shape[-1]
     return (
         dx,
@@ -153,34 +154,45 @@ _group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
 @dataclasses.dataclass(frozen=True)
 class GroupTiling:
     """How the kernels cut ``[n_batch, n_tokens, n_channels]``: one program per example and block of
-    ``groups_per_block`` groups (``block_c`` channels, a power of two), walking ``block_s`` tokens at a time."""
+    ``groups_per_block`` groups (``block_c`` channels, a power of two), walking ``block_s`` tokens at a time
+    (``num_stages`` software-pipelining stages)."""
 
     groups_per_block: int
     block_c: int
     block_s: int
     num_warps: int
+    num_stages: int = 1
 
     def grid(self, n_batch: int, num_groups: int) -> tuple[int, int]:
         return n_batch, cdiv(num_groups, self.groups_per_block)
 
 
-def group_tiling(n_tokens: int, n_channels: int, num_groups: int) -> GroupTiling:
+def group_tiling(
+    n_tokens: int, n_channels: int, num_groups: int, override: _tiling.TilingOverride | None = None
+) -> GroupTiling:
     """The tiling rule: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power of two of them), walked
-    in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit)."""
+    in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit).
+
+    ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
+    with its ``block_rows``, and the warps and stages with its own.
+    """
+    override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
-    groups_per_block = min(next_power_of_2(cdiv(MIN_BLOCK_CHANNELS, group_size)), next_power_of_2(num_groups))
+    min_channels = override.block_d or MIN_BLOCK_CHANNELS
+    groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
-    block_s = max(1, min(next_power_of_2(n_tokens), CHUNK_ELEMENTS // block_c))
-    num_warps = max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
-    return GroupTiling(groups_per_block, block_c, block_s, num_warps)
+    block_s = override.block_rows or max(1, min(next_power_of_2(n_tokens), CHUNK_ELEMENTS // block_c))
+    num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
+    return GroupTiling(groups_per_block, block_c, block_s, num_warps, override.num_stages or 1)
 
 
-def _kernel_settings(x: jax.Array, num_groups: int) -> tuple[tuple[int, int], dict]:
+def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[tuple[int, int], dict]:
     """The grid and the shared constexprs of both kernels for ``x [..., n_tokens, n_channels]``."""
     n_tokens, n_channels = x.shape[-2:]
-    tiling = group_tiling(n_tokens, n_channels, num_groups)
+    tiling = group_tiling(n_tokens, n_channels, num_groups, override)
     constexprs = {
         "num_warps": tiling.num_warps,
+        "num_stages": tiling.num_stages,
         "n_tokens": n_tokens,
         "n_channels": n_channels,
         "n_groups": num_groups,
@@ -199,13 +211,14 @@ _WHOLE = ("s", "c", "g")
 
 
 @functools.cache
-def _forward(num_groups: int, epsilon: float, implementation: str):
+def _forward(num_groups: int, epsilon: float, implementation: str, override: _tiling.TilingOverride | None):
     """``(x [..., S, C], scale [C], bias [C]) -> (y [..., S, C] x.dtype, mean [..., G] fp32, rstd [..., G] fp32)``
-    through the kernel; sharded over and vmap-able into the leading (example) axes."""
+    through the kernel, tiled as :func:`group_tiling` says with ``override``; sharded over and vmap-able into the
+    leading (example) axes."""
     from liger_jax.kernels import group_norm as kernels
 
     def launch(x, scale, bias):
-        grid, constexprs = _kernel_settings(x, num_groups)
+        grid, constexprs = _kernel_settings(x, num_groups, override)
         stats = jax.ShapeDtypeStruct((grid[0], num_groups), jnp.float32)
         y, mean, rstd = runtime.launch(
             kernels.group_norm_fwd,
@@ -225,12 +238,12 @@ def _forward(num_groups: int, epsilon: float, implementation: str):
 
 
 @functools.cache
-def _backward(num_groups: int, implementation: str):
+def _backward(num_groups: int, implementation: str, override: _tiling.TilingOverride | None):
     """``(dy, x, scale, mean, rstd) -> (dx [..., S, C] x.dtype, dscale and dbias per example [..., C] fp32)``."""
     from liger_jax.kernels import group_norm as kernels
 
     def launch(dy, x, scale, mean, rstd):
-        grid, constexprs = _kernel_settings(x, num_groups)
+        grid, constexprs = _kernel_settings(x, num_groups, override)
         n_channels = x.shape[-1]
         partial = jax.ShapeDtypeStruct((grid[0], n_channels), jnp.float32)
         dx, dscale, dbias = runtime.launch(

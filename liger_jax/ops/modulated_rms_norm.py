@@ -10,6 +10,7 @@ import numpy as np
 from liger_jax import runtime
 from liger_jax.ops import _checks, _dispatch, _tiling
 from liger_jax.ops._heavy_rows import heavy_row_launcher
+from liger_jax.ops._modulation_groups import grouped_backward, grouped_forward
 from liger_jax.ops._numerics import rounded
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats
 from liger_jax.ops.rms_norm import _CASTING_CODES, CastingMode, rms_norm_reference
@@ -39,9 +40,8 @@ def modulated_rms_norm(
     token), ``[B, D]`` or ``[B, 1, D]`` for ``x [B, T, D]`` (one per example), or shaped like x (one per token); in
     general ``scale.shape[:-1]``, less trailing 1s, must be a prefix of ``x.shape[:-1]``. ``shift`` has scale's
     shape. The forward pass saves ``x`` and fp32 rstd per row; the backward pass is fp32, and dweight (and a shared
-    modulation's gradients) are summed from per-program fp32 partials (deterministic, no atomics). A per-token
-    modulation is one launch whose rows shard freely; a modulation shared by several rows launches once per
-    modulation row (``jax.vmap`` of the launch, which maps over them).
+    modulation's gradients) are summed from per-program fp32 partials (deterministic, no atomics). Each pass is one
+    launch whose rows shard freely (and a shared modulation's rows, with the rows they modulate).
 
     Args:
         x: ``[..., D]`` float32, bfloat16 or float16 (float64 too under ``"xla"``), rank ≥ 1; D at most 16384 for
@@ -157,38 +157,29 @@ def _modulated_rms_norm_bwd(epsilon, offset, casting_mode, implementation, modul
     x, weight, scale, shift, rstd = residuals
     from liger_jax.kernels import modulated_rms_norm as kernels
 
-    settings = {
-        "implementation": implementation,
-        "n_cols": x.shape[-1],
-        "offset": offset,
-        "CASTING": _CASTING_CODES[casting_mode],
-    }
+    settings = {"offset": offset, "CASTING": _CASTING_CODES[casting_mode]}
     if modulated == x.ndim - 1:
         backward = heavy_row_launcher(
             kernels.modulated_rms_norm_bwd_per_row,
             (Rows(), ColumnSum(), Rows(like=3)),
+            n_cols=x.shape[-1],
             row_argnums=(0, 1, 3, 4),
+            implementation=implementation,
             **settings,
         )
         dx, dweight, dscale = backward(dy, x, weight, scale.reshape(x.shape), rstd)
         # y depends on shift elementwise: its cotangent is dy.
         dshift = dy
     else:
-        backward = heavy_row_launcher(
-            kernels.modulated_rms_norm_bwd_shared,
-            (Rows(), ColumnSum(), ColumnSum(), ColumnSum()),
-            row_argnums=(0, 1, 4),
-            **settings,
-        )
         n_groups, rows = _groups(modulated, x)
-        dx, dweight, dscale, dshift = jax.vmap(backward, in_axes=(0, 0, None, 0, 0))(
+        dx, dweight, dscale, dshift = grouped_backward(implementation, **settings)(
             dy.reshape(n_groups, rows, -1),
             x.reshape(n_groups, rows, -1),
             weight,
             scale.reshape(n_groups, -1),
             rstd.reshape(n_groups, rows),
         )
-        dx, dweight = dx.reshape(x.shape), dweight.sum(axis=0)
+        dx = dx.reshape(x.shape)
     dshift = None if shift is None else dshift.reshape(shift.shape).astype(shift.dtype)
     return dx, dweight.astype(weight.dtype), dscale.reshape(scale.shape).astype(scale.dtype), dshift
 
@@ -203,29 +194,27 @@ def _groups(modulated: int, x: jax.Array) -> tuple[int, int]:
 
 
 def _forward(x, weight, scale, shift, epsilon, offset, casting_mode, implementation, modulated):
-    """``(y [..., D] x.dtype, rstd [...] fp32)``: one launch with a per-row modulation, else one per modulation row
-    (``jax.vmap`` of the launcher maps over them)."""
+    """``(y [..., D] x.dtype, rstd [...] fp32)`` in one launch: a modulation row per row of x, or per group of rows
+    (``ops._modulation_groups``)."""
     from liger_jax.kernels import modulated_rms_norm as kernels
 
-    per_row = modulated == x.ndim - 1
-    forward = heavy_row_launcher(
-        kernels.modulated_rms_norm_fwd,
-        (Rows(), RowStats()),
-        n_cols=x.shape[-1],
-        row_argnums=(0, 2, 3) if per_row else (0,),
-        implementation=implementation,
-        eps=epsilon,
-        offset=offset,
-        CASTING=_CASTING_CODES[casting_mode],
-        PER_ROW=per_row,
-        HAS_SHIFT=shift is not None,
-    )
+    settings = {"eps": epsilon, "offset": offset, "CASTING": _CASTING_CODES[casting_mode]}
+    settings["HAS_SHIFT"] = shift is not None
     # Without a shift the kernel never reads its shift operand: scale stands in.
     shift = scale if shift is None else shift
-    if per_row:
+    if modulated == x.ndim - 1:
+        forward = heavy_row_launcher(
+            kernels.modulated_rms_norm_fwd,
+            (Rows(), RowStats()),
+            n_cols=x.shape[-1],
+            row_argnums=(0, 2, 3),
+            implementation=implementation,
+            ROWS_PER_MODULATION=1,
+            **settings,
+        )
         return forward(x, weight, scale.reshape(x.shape), shift.reshape(x.shape))
     n_groups, rows = _groups(modulated, x)
-    y, rstd = jax.vmap(forward, in_axes=(0, None, 0, 0))(
+    y, rstd = grouped_forward(implementation, **settings)(
         x.reshape(n_groups, rows, -1), weight, scale.reshape(n_groups, -1), shift.reshape(n_groups, -1)
     )
     return y.reshape(x.shape), rstd.reshape(x.shape[:-1])

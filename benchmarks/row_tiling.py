@@ -1,0 +1,232 @@
+"""Tiling sweep of the catalog's row kernels at their target shapes: ``python -m benchmarks.row_tiling --out DIR``
+(on the H200; ``--smoke`` on a CPU).
+
+For softmax, sparsemax, DyT, PolyNorm, modulated RMSNorm, GroupNorm, kl_div and tvd, in bf16 at their benchmark
+targets (``benchmarks.cases``), times the forward and fwd+bwd of XLA, of the op's tiling rule and of a handful of
+candidate tilings forced on it through ``liger_jax.ops._tiling.overridden`` (see :func:`candidates`): warps and rows
+per tile around the rule for the row kernels (``_tiling.row_tiling``, with ``_heavy_rows``' warps for DyT, PolyNorm
+and modulated RMSNorm), column blocks for rows of 32768; the vocabulary block, warps and pipelining stages of the
+divergence kernel (``_divergence_rows.block_tiling``); channels per block, tokens per chunk, warps and stages of
+GroupNorm's (``group_norm.group_tiling``). Prints the tables of ``benchmarks.norm_tiling`` per (op, shape) and rows
+go to ``DIR/row_tiling.jsonl`` as they are measured. ``--registers`` instead compiles every candidate's kernels for
+sm_90 (no GPU needed; run it without TRITON_INTERPRET) and prints ptxas's registers and spill bytes per thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import tiling_sweep
+from benchmarks.tiling_sweep import RULE, Candidate
+
+if TYPE_CHECKING:  # imported where used: providers.prepare_process must run before triton is imported
+    from benchmarks.case import Case, Params
+    from liger_jax.ops._tiling import RowTiling, TilingOverride
+
+# How each op's launches are tiled: "rows" (``_tiling.row_tiling``), "heavy" (with ``_heavy_rows``' warps; the
+# flag says whether the backward prefetches row tiles: DyT's, which sums over rows), "divergence", "group".
+FAMILIES = {
+    "softmax": ("rows", False),
+    "sparsemax": ("rows", False),
+    "dyt": ("heavy", True),
+    "poly_norm": ("heavy", False),
+    "modulated_rms_norm": ("heavy", False),
+    "group_norm": ("group", False),
+    "kl_div": ("divergence", False),
+    "tvd": ("divergence", False),
+}
+OPS = tuple(FAMILIES)
+DTYPE = "bfloat16"
+# Candidates kept on a CPU besides the rule: the first alternative of each family exercises its override.
+SMOKE_CANDIDATES = 1
+
+
+def _override(**settings) -> TilingOverride:
+    from liger_jax.ops import _tiling
+
+    return _tiling.TilingOverride(**settings)
+
+
+def _label(override: TilingOverride) -> str:
+    """``d4096/r2/w8/s2/pf``: the settings an override forces."""
+    parts = {"block_d": "d", "block_rows": "r", "num_warps": "w", "num_stages": "s"}
+    texts = [f"{short}{getattr(override, name)}" for name, short in parts.items() if getattr(override, name)]
+    if override.prefetch is not None:
+        texts.append("pf" if override.prefetch else "no-pf")
+    return "/".join(texts)
+
+
+def _row_alternatives(n_cols: int, family: str, prefetches: bool) -> list[TilingOverride]:
+    """Around ``_tiling.row_tiling``: warps and rows per tile for one-tile rows, column blocks (and stages in their
+    loop) for rows wider than MEASURED_TILE_LIMIT, the backward's prefetch flipped where it has one."""
+    from liger_jax.ops import _tiling
+
+    if n_cols > _tiling.MEASURED_TILE_LIMIT:
+        tile = _tiling.next_power_of_2(n_cols)
+        return [
+            _override(block_d=4096, num_warps=8),
+            _override(block_d=8192, num_warps=16),
+            _override(block_d=8192, num_warps=16, num_stages=2),
+            _override(block_d=16384, num_warps=32),
+            _override(block_d=tile, num_warps=16),
+        ]
+    if family == "heavy":  # the rule gives 8 elements a thread
+        chosen = [
+            _override(num_warps=8),
+            _override(num_warps=32),
+            _override(block_rows=2, num_warps=16),
+            _override(block_rows=2, num_warps=32),
+            _override(block_rows=4, num_warps=32),
+        ]
+    else:  # 16 to 32 elements a thread
+        chosen = [
+            _override(num_warps=8),
+            _override(num_warps=16),
+            _override(block_rows=2, num_warps=8),
+            _override(block_rows=4, num_warps=16),
+            _override(block_rows=8, num_warps=32),
+        ]
+    if prefetches:
+        chosen.append(_override(prefetch=not _tiling.row_tiling(n_cols, reduces_rows=True).prefetch))
+    return chosen
+
+
+# Around the divergence kernel's rule (4096-class blocks, one row, 4 warps): wider and narrower blocks, more warps,
+# and the V loop pipelined.
+DIVERGENCE_ALTERNATIVES = (
+    {"block_d": 2048, "num_warps": 4},
+    {"num_warps": 8},
+    {"block_d": 8192, "num_warps": 8},
+    {"block_d": 8192, "num_warps": 16},
+    {"num_stages": 2},
+    {"num_warps": 8, "num_stages": 3},
+    {"block_d": 8192, "num_warps": 8, "num_stages": 2},
+)
+# Around GroupNorm's rule (64-channel blocks, 256-token chunks, 32 warps at the target: 128 programs, one per SM as
+# registers allow, each stalling on its chunk's reductions). Narrower blocks make more programs, and fewer warps let
+# several share an SM (ptxas, sm_90: 16 channels × 256 tokens at 8 warps, 64 registers: 4 a SM, all 512 resident;
+# 32 × 128 at 8 warps: 3-4), each walking a smaller block, whose second pass finds more of it in L2; the token loops
+# pipelined.
+GROUP_ALTERNATIVES = (
+    {"block_d": 16, "block_rows": 256, "num_warps": 8},
+    {"block_d": 16, "block_rows": 512, "num_warps": 16},
+    {"block_d": 32, "block_rows": 128, "num_warps": 8},
+    {"block_d": 32, "block_rows": 256, "num_warps": 16},
+    {"block_rows": 128, "num_warps": 16},
+    {"num_stages": 2},
+    {"block_d": 16, "block_rows": 256, "num_warps": 8, "num_stages": 2},
+)
+
+
+def candidates(op: str, params: Params) -> list[Candidate]:
+    """The rule, then the alternatives of ``op``'s family at ``params``; one whose forward and backward tilings are
+    an earlier candidate's is dropped."""
+    family, prefetches = FAMILIES[op]
+    if family == "divergence":
+        alternatives = [_override(**settings) for settings in DIVERGENCE_ALTERNATIVES]
+    elif family == "group":
+        alternatives = [_override(**settings) for settings in GROUP_ALTERNATIVES]
+    else:
+        alternatives = _row_alternatives(_row_length(params), family, prefetches)
+    chosen = [Candidate(RULE, None)] + [Candidate(_label(o), o) for o in alternatives]
+    return tiling_sweep.distinct(chosen, tilings(op, params))
+
+
+def _row_length(params: Params) -> int:
+    return params.get("cols") or params["hidden"]
+
+
+def tilings(op: str, params: Params) -> Callable[[TilingOverride | None], tuple[str, str]]:
+    """``override -> (forward tiling, backward tiling)`` of ``op`` at ``params`` as the launches get them."""
+    family, prefetches = FAMILIES[op]
+    match family:
+        case "divergence":
+            return functools.partial(_divergence_tilings, params["vocab"])
+        case "group":
+            return functools.partial(_group_tilings, params)
+        case _:
+            describe = functools.partial(_row_tiling, _row_length(params), family == "heavy")
+            return lambda override: (describe(override, False), describe(override, prefetches))
+
+
+def _describe(t: RowTiling, n_cols: int, reduces_rows: bool) -> str:
+    """``rows x block/wW[/sS][/pf][/loop]``."""
+    return (
+        f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
+        + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
+        + ("/pf" if reduces_rows and t.prefetch else "")
+        + ("/loop" if t.block_d < n_cols else "")
+    )
+
+
+def _row_tiling(n_cols: int, heavy: bool, override: TilingOverride | None, reduces_rows: bool) -> str:
+    from liger_jax.ops import _heavy_rows, _tiling
+
+    if heavy:
+        with tiling_sweep.forced(override):
+            override = _heavy_rows.heavy_row_override(n_cols, reduces_rows=reduces_rows)
+    return _describe(_tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override), n_cols, reduces_rows)
+
+
+def _divergence_tilings(n_cols: int, override: TilingOverride | None) -> tuple[str, str]:
+    from benchmarks.providers import kernel_implementation
+    from liger_jax.ops import _divergence_rows
+
+    text = _describe(_divergence_rows.block_tiling(n_cols, kernel_implementation(), override), n_cols, False)
+    return text, text
+
+
+def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str, str]:
+    from liger_jax.ops import group_norm
+
+    t = group_norm.group_tiling(params["tokens"], params["channels"], params["groups"], override)
+    text = f"{t.block_s}x{t.block_c}/w{t.num_warps}" + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
+    return text, text
+
+
+def cases(ops: Sequence[str], smoke: bool) -> Iterator[tuple[Case, list[Candidate]]]:
+    """``(case, candidates)`` per op and bf16 target shape (its bf16 smoke shape, and fewer candidates, on a CPU)."""
+    from benchmarks.cases import OPS as CASE_OPS
+
+    for op in ops:
+        plan = CASE_OPS[op]
+        for params, dtype in plan.smoke if smoke else plan.targets:
+            if dtype == DTYPE:
+                chosen = candidates(op, params)
+                yield plan.build(params, dtype), chosen[: 1 + SMOKE_CANDIDATES] if smoke else chosen
+
+
+def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Measures every (op, shape, candidate, mode); returns the rows (also appended to ``args.out``)."""
+    from benchmarks import providers
+    from benchmarks.timing import SMOKE_POLICY, Policy
+
+    providers.prepare_process()
+    policy = SMOKE_POLICY if args.smoke else Policy(budget_s=args.time_per_measurement)
+    start, rows, out = time.monotonic(), [], args.out / "row_tiling.jsonl"
+    for case, chosen in cases(args.op, args.smoke):
+        rows += tiling_sweep.sweep_case(case, chosen, tilings(case.op, case.params), policy, args.smoke, out, start)
+    return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m benchmarks.row_tiling``."""
+    smoke = "each op at a tiny shape through the interpreter, on a CPU"
+    return tiling_sweep.parser(__doc__.splitlines()[0], OPS, smoke)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry point."""
+    args = parser().parse_args(argv)
+    if args.registers:
+        tiling_sweep.print_registers(cases(args.op, smoke=False))
+        return
+    print(tiling_sweep.report(sweep(args), args.out / "row_tiling.txt"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
