@@ -106,6 +106,22 @@ def test_forced_tilings_match_float64_oracles(tiling, name, dtype):
 
 
 @pytest.mark.parametrize("name", ROW_MAPS)
+@pytest.mark.parametrize("n_cols", [192, 193], ids=["whole_blocks", "one_column_past"])
+def test_every_column_block_counts_once(name, n_cols):
+    # Forced blocks of 64: 192 columns fill three blocks exactly (a second pass that visits one block too many writes
+    # before its row), and 193 leave one column alone in a fourth, made the row's largest so that a pass which skips
+    # it gets the max, the sums and the support wrong.
+    x = np.array(harness.random_normal(34, (5, n_cols), jnp.float32, scale=INPUT_SCALE))
+    x[:, -1] = x.max(axis=-1) + 0.5
+    dy = harness.random_normal(35, x.shape, jnp.float32)
+    with _tiling.overridden(harness.FORCED_TILINGS["column_blocks"]):
+        y, (dx,) = harness.vjp_under_jit(_op(name, harness.KERNEL_IMPLEMENTATION), (jnp.asarray(x),), dy)
+    expected_y, expected_dx = _expected(name, np.asarray(x, np.float64), np.asarray(dy, np.float64), jnp.float32)
+    harness.assert_close(y, expected_y, jnp.float32)
+    harness.assert_close(dx, expected_dx, jnp.float32)
+
+
+@pytest.mark.parametrize("name", ROW_MAPS)
 def test_rows_longer_than_one_tile_use_column_blocks(name):
     # One past the longest row the rule keeps in one tile: 9 blocks of 4096, the last holding one column.
     x = harness.random_normal(32, (2, _tiling.MAX_FORWARD_TILE_COLS + 1), jnp.float32, scale=4.0)

@@ -137,6 +137,36 @@ def test_a_chunk_of_more_rows_than_a_program_takes_matches_float64_reference(imp
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_a_vocabulary_one_past_whole_blocks_matches_float64_reference(implementation):
+    # 129 classes: the interpreter's blocks of 128 and one class alone in a second block, made the student's likeliest,
+    # which every pass (the softmax statistics, the losses' sums, the gradient) must visit. KL at T != 1 with a hard
+    # loss: the raw logits' softmax statistics are summed apart.
+    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(34, jnp.float32, n_classes=129)
+    bias = bias.at[-1].set(3.0)
+    options = {"divergence": "kl", "temperature": 1.5, "weight_hard_loss": 0.5, "return_soft_hard_loss": True}
+
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_distillation(
+            x,
+            weight,
+            teacher_x,
+            teacher_weight,
+            labels,
+            student_bias=bias,
+            chunk_size=CHUNK,
+            implementation=implementation,
+            **options,
+        )
+
+    def reference(x, weight, bias):
+        teacher = harness.as_float64(teacher_x, teacher_weight)
+        return liger_jax.fused_linear_distillation_reference(x, weight, *teacher, labels, student_bias=bias, **options)
+
+    cotangent = (jnp.float32(1.7), jnp.float32(0.0), jnp.float32(0.0))
+    harness.assert_vjp_matches_reference(op, reference, (x, weight, bias), cotangent, jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_a_label_out_of_range_gives_a_nan_hard_loss_and_no_hard_gradient(implementation):
     # A traced label (no concrete range check) outside [0, V), as the cross-entropy kernels treat it: the hard loss
     # is NaN and the row's gradient is its soft loss's alone, the same as with no hard loss at all.

@@ -159,6 +159,40 @@ def test_checkpoint_gives_the_same_gradients():
     )
 
 
+# The bias of the first vocabulary block: logits spread as an LM head's, or one peak with the rest 40 below it (their
+# exponentials add nothing to 1 in fp32: a running sum of exactly 1).
+FIRST_BLOCK_BIASES = {"spread": 0.0, "one_peak": -40.0}
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize("first_block", FIRST_BLOCK_BIASES)
+def test_row_max_in_a_later_vocabulary_block_over_two_programs(implementation, first_block):
+    # One chunk of 21 rows: the interpreter's kernel takes 16 rows of 259 classes per program, in blocks of 256. The
+    # bias raises the last 3 classes above the first block: the online softmax must move its running sum and its
+    # entropy's running Σ e (z - m) to the max of the second block.
+    x, weight, _, tokens = _inputs(45, jnp.float32)
+    bias = jnp.full((V,), FIRST_BLOCK_BIASES[first_block], jnp.float32).at[7].set(0.0).at[256:].set(2.0)
+
+    def op(x, weight, bias):
+        return liger_jax.fused_linear_logprobs(
+            x,
+            weight,
+            tokens,
+            bias=bias,
+            temperature=0.8,
+            return_entropy=True,
+            chunk_size=N,
+            implementation=implementation,
+        )
+
+    def reference(x, weight, bias):
+        return liger_jax.fused_linear_logprobs_reference(
+            x, weight, tokens, bias=bias, temperature=0.8, return_entropy=True
+        )
+
+    harness.assert_vjp_matches_reference(op, reference, (x, weight, bias), _cotangents(True), jnp.float32)
+
+
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_traced_out_of_range_token_gives_nan_logprob_and_finite_gradients(implementation):
     x, weight, bias, tokens = _inputs(44, jnp.float32)
@@ -179,6 +213,14 @@ def test_traced_out_of_range_token_gives_nan_logprob_and_finite_gradients(implem
     harness.assert_all_finite(entropy, dx, dweight)
     expected = liger_jax.fused_linear_logprobs_reference(*harness.as_float64(x, weight), tokens, return_entropy=True)
     harness.assert_close(entropy, expected[1], jnp.float32)
+
+    # The out-of-range rows' gradients come from their entropy alone: a log-prob cotangent must not reach them.
+    def reference_total(x, weight):
+        logprobs, entropy = liger_jax.fused_linear_logprobs_reference(x, weight, tokens, return_entropy=True)
+        return jnp.sum(jnp.where(jnp.isnan(logprobs), 0.0, logprobs)) + jnp.sum(entropy)
+
+    expected_grads = jax.grad(reference_total, argnums=(0, 1))(*harness.as_float64(x, weight))
+    harness.assert_close_trees((dx, dweight), expected_grads, jnp.float32)
 
 
 def test_no_rows_gives_empty_results():

@@ -48,12 +48,13 @@ def _qkv(seed, shape, dtype):
 
 # (shape [B, S, H, D], kernel_size, dilation, scale): Liger's window of 7 on odd S and D, a given scale; dilation 2
 # with three heads and the default scale; a window wider than the sequence; kernel_size 1 (each query sees only
-# itself: out = v).
+# itself: out = v); a sequence of three 64-position blocks (the last partial) whose dilated band crosses block edges.
 CASES = {
     "window_7": ((2, 13, 1, 5), 7, 1, 0.7),
     "dilated": ((1, 11, 3, 8), 3, 2, None),
     "wider_than_seq": ((1, 4, 2, 3), 9, 1, None),
     "self_only": ((2, 5, 1, 4), 1, 1, None),
+    "several_blocks": ((1, 150, 2, 4), 9, 2, None),
 }
 
 

@@ -12,6 +12,7 @@ from jax.test_util import check_grads
 import liger_jax
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
+from liger_jax.ops import rope as rope_ops
 from tests import harness
 from tests.collectives import assert_only_small_all_reduces, compiled_collectives, mesh, place
 
@@ -191,14 +192,14 @@ def test_rope_cos_sin_bad_rotary_dim():
 # Qwen2-VL M-RoPE ---------------------------------------------------------------------------------------------------
 
 
-def _mrope_oracle(positions, mrope_section, head_dim):
+def _mrope_oracle(positions, mrope_section, head_dim, interleaved=False):
     """The definition: pair i turns by ``position[plane(i)] · base^(-2i/D)``, plane(i) the section i falls in.
 
-    ``positions [3, B, S]``; returns ``x -> x rotated`` (rotate-half pairs) in float64."""
+    ``positions [3, B, S]``; returns ``x -> x rotated`` (rotate-half or interleaved pairs) in float64."""
     plane = np.searchsorted(np.cumsum(mrope_section), np.arange(head_dim // 2), side="right")
     angles = np.moveaxis(np.asarray(positions, np.float64)[plane], 0, -1)  # [B, S, D/2]: pair i's position
     angles = angles[:, :, None, :] * _frequencies(head_dim)
-    return lambda x: _rotated_by(x, angles, False, head_dim)
+    return lambda x: _rotated_by(x, angles, interleaved, head_dim)
 
 
 def _hf_multimodal_tables(table, mrope_section):
@@ -248,6 +249,27 @@ def test_mrope_matches_the_definition(implementation, case, dtype):
         return oracle_rotation(q), oracle_rotation(k)
 
     _assert_matches_oracle(op, oracle, (q, k), _cotangents(23, q, k), dtype)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_interleaved_pairs_read_their_sections_planes(implementation):
+    # The kernel finds a pair's table plane in either pair layout; no public op pairs M-RoPE's planes with the
+    # interleaved layout, so the shared rotation is called directly, against the definition.
+    head_dim, mrope_section = 12, (2, 1, 3)
+    q, k = _qk(40, 1, 3, 2, 1, head_dim, jnp.float32)
+    positions = np.random.default_rng(42).integers(0, 40, (3, 1, 3))
+    cos, sin = liger_jax.rope_cos_sin(jnp.asarray(positions).reshape(3, 3), head_dim, base=BASE, interleaved=True)
+    oracle_rotation = _mrope_oracle(positions, mrope_section, head_dim, interleaved=True)
+
+    def op(q, k):
+        return rope_ops.rotate(
+            (q, k), cos, sin, interleaved=True, sections=mrope_section, implementation=implementation
+        )
+
+    def oracle(q, k):
+        return oracle_rotation(q), oracle_rotation(k)
+
+    _assert_matches_oracle(op, oracle, (q, k), _cotangents(43, q, k), jnp.float32)
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)

@@ -126,6 +126,44 @@ _LAYER_NORM_ROW_SUMS = (
 # goes to zero or below): the tests kill those mutants, and a survivor there would be a hole, not an equivalent.
 _EXTRA_BLOCK = "an extra column block of a first pass lies wholly past n_cols, masked off: it adds zeros"
 _VMAP_OF_THREE_OPERANDS = "return vmap_over_rows(sharded, row_argnums=(0, 1, 2), reduces_rows=False)"
+_ROW_MAPS = "liger_jax/kernels/_row_maps.py"
+_SPARSEMAX = "liger_jax/kernels/sparsemax.py"
+_ROPE = "liger_jax/kernels/rope.py"
+_LOGPROBS = "liger_jax/kernels/logprobs.py"
+_DISTILLATION = "liger_jax/kernels/distillation.py"
+_NEIGHBORHOOD = "liger_jax/kernels/neighborhood_attention.py"
+_UNSTORED_QUERY = "queries past the sequence are never stored: their row sums divide nothing kept"
+_ONLY_MINUS_INF = "any finite shift works while a row has seen only -inf: exp(-inf - shift) is 0 either way"
+_ONE_BLOCK_PATH = "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
+_UNREAD_ARGUMENT = "the update it is passed to never reads its fourth argument (the row maps' common signature)"
+_ROW_MAP_EXTRA_BLOCK = (
+    "an extra column block of a first pass lies wholly past n_cols: its logits load as -inf (no max, exponential or "
+    "support) and its (dy, y) as 0 (nothing added to Σ dy · y, no support)"
+)
+_START_BELOW_TAU = (
+    "the support iteration's start: Michelot's steps from any τ below the solution (max(x) - 1 is one, the largest "
+    "output being at most 1; -inf starts from the whole row) rise to the same τ"
+)
+_ONE_PLANE = (
+    "with one table plane (SECTION_T = ROTARY_DIM / 2) every pair a load keeps lies below SECTION_T: the plane "
+    "offset is 0 whether or not the plane branch runs"
+)
+_UNSTORED_PAIRS = (
+    "a wider mask on a load of pairs: the extra lanes are pairs from ROTARY_DIM / 2 on or heads past N_HEADS, which "
+    "no store writes (read past the operand, where the interpreter does not fault)"
+)
+_HEAD_PLANES = (
+    "a head has no table planes: with cos_rows 0 the plane offset is 0 whatever the sections, and with one section "
+    "cos_rows is never read"
+)
+_ROWS_NOT_LOADED = (
+    "rows not loaded (ignored or past n_rows) only need finite arithmetic: their losses and gradient are masked to 0"
+)
+_UNREAD_BY_TVD = "TVD's terms read neither log_target nor eps (only KL without a log target reads eps)"
+_KL_LOG_TARGET = "with log_target the KL terms never read eps; JSD's never do"
+_DISTILLATION_EXTRA_BLOCK = (
+    "an extra column block lies wholly past n_cols: -inf logits (no max or exponential), no element loaded, none stored"
+)
 # Survivors that compute what the original computes: (file, source line, original, replacement) -> why.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (
@@ -134,9 +172,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): ("inactive rows store zeros and masked columns become -inf whatever was loaded"),
-    (_CE, 'shift = tl.where(new_max == float("-inf"), 0.0, new_max)', "0.0", "(1.0)"): (
-        "any finite shift works while a row has seen only -inf: exp(-inf - shift) is 0 either way"
-    ),
+    (_CE, 'shift = tl.where(new_max == float("-inf"), 0.0, new_max)', "0.0", "(1.0)"): _ONLY_MINUS_INF,
     (_CE, "if label_smoothing > 0:", "label_smoothing > 0", "(label_smoothing >= 0)"): (
         "without smoothing Σc is summed but never used (the loss skips its term on the same condition)"
     ),
@@ -265,10 +301,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for replacement in ("(n_cols + BLOCK_D + 1)", "(n_cols + BLOCK_D)")
     },
     **{
-        (path, "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): (
-            "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
-        )
-        for path in (_RMS_NORM, _LAYER_NORM)
+        (path, "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): _ONE_BLOCK_PATH
+        for path in (_RMS_NORM, _LAYER_NORM, _ROW_MAPS, _SPARSEMAX)
     },
     (
         "liger_jax/ops/rope.py",
@@ -286,21 +320,255 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for replacement in ["(N_HEADS + BLOCK_HEADS + 1)", "(N_HEADS + BLOCK_HEADS)"]
     },
     **{
-        (
-            "liger_jax/kernels/rope.py",
-            f"{value} = tl.load({pointer} + {offsets}, mask={mask}, other=0.0).to(tl.float32)",
-            "0.0",
-            "(1.0)",
-        ): _MASKED_FILL
-        for value, pointer, offsets, mask in [
-            ("x1", "x_ptr", "first_offsets", "mask"),
-            ("x2", "x_ptr", "second_offsets", "mask"),
-            ("cos1", "table_row", "first", "pair_mask"),
-            ("cos2", "table_row", "second", "pair_mask"),
-            ("sin1", "table_row", "first", "pair_mask"),
-            ("sin2", "table_row", "second", "pair_mask"),
+        (path, context, "0.0", "(1.0)"): _MASKED_FILL
+        for path, contexts in [
+            (
+                "liger_jax/kernels/relu_squared.py",
+                [
+                    "relu = tl.maximum(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32), 0.0)",
+                    "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+                ],
+            ),
+            (
+                _ROPE,
+                [
+                    "x = tl.load(ptr + offsets, mask=row_mask & (features[None, :] < ROTARY_DIM), other=0.0)"
+                    ".to(tl.float32)",
+                    "x1 = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+                    "x2 = tl.load(ptr + offsets + ROTARY_DIM // 2, mask=mask, other=0.0).to(tl.float32)",
+                ],
+            ),
+            (
+                _LOGPROBS,
+                [
+                    "lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)",
+                    "entropy = tl.load(entropy_ptr + rows, mask=row_exists, other=0.0)",
+                    "h = tl.load(entropy_cotangent_ptr + rows, mask=row_exists, other=0.0)",
+                    "log_p = tl.where(col_mask, z - lse[:, None], 0.0)  # masked columns: p = 0 below, and keep "
+                    "log_p finite",
+                ],
+            ),
+            (
+                _DISTILLATION,
+                [
+                    "soft_scale = tl.load(soft_scale_ptr + rows, mask=row_exists, other=0.0) * inv_temperature",
+                    "hard_scale = tl.load(hard_scale_ptr + rows, mask=row_exists, other=0.0)",
+                ],
+            ),
+        ]
+        for context in contexts
+    },
+    (_ROW_MAPS, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
+        "a masked lane is a column past the row's end, -inf whatever was loaded, or a row past n_rows, finite either "
+        "way and never stored"
+    ),
+    (_ROW_MAPS, "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
+        "a masked lane's y loads as 0: its dy adds dy · 0 to softmax's Σ dy · y, lies off sparsemax's support "
+        "{y > 0}, and its dx is not stored"
+    ),
+    **{
+        (_ROW_MAPS, "for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):", "n_cols + BLOCK_D - 1", replacement): (
+            _ROW_MAP_EXTRA_BLOCK
+        )
+        for replacement in ("(n_cols + BLOCK_D + 1)", "(n_cols + BLOCK_D)")
+    },
+    (_ROW_MAPS, "a, b = update(a, b, x, 0.0)", "0.0", "(1.0)"): _UNREAD_ARGUMENT,
+    (
+        _ROW_MAPS,
+        "a, b = fold_logit_blocks(x_ptr, rows, a, b, 0.0, n_rows, n_cols, row_stride, BLOCK_D, update)",
+        "0.0",
+        "(1.0)",
+    ): _UNREAD_ARGUMENT,
+    ("liger_jax/kernels/softmax.py", 'return tl.where(row_max == float("-inf"), 0.0, row_max)', "0.0", "(1.0)"): (
+        _ONLY_MINUS_INF
+    ),
+    (_SPARSEMAX, "support = x > tau[:, None]", "x > tau[:, None]", "(x >= tau[:, None])"): (
+        "an entry equal to τ adds x - τ = 0 to Σ max(x - τ, 0): counted in the support it keeps every step below the "
+        "solution, where (Σ_S x - 1) / |S| = τ with it or without it, and y = max(x - τ, 0) is the same"
+    ),
+    **{
+        (_SPARSEMAX, context, original, replacement): _START_BELOW_TAU
+        for context, original, replacement in [
+            (
+                "return tl.maximum(row_max, tl.max(x, axis=1)), unused",
+                "tl.maximum(row_max, tl.max(x, axis=1))",
+                "(tl.minimum(row_max, tl.max(x, axis=1)))",
+            ),
+            ("return tl.maximum(row_max, tl.max(x, axis=1)), unused", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
+            ("tau = tl.max(x, axis=1) - 1.0", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
+            ("tau = tl.max(x, axis=1) - 1.0", "1.0", "(2.0)"),
+            ("tau = row_max - 1.0", "1.0", "(2.0)"),
         ]
     },
+    (
+        _SPARSEMAX,
+        "row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, "
+        "_add_max)",
+        "0.0",
+        "(1.0)",
+    ): _UNREAD_ARGUMENT,
+    (_ROPE, "if SECTION_T < ROTARY_DIM // 2:", "SECTION_T < ROTARY_DIM // 2", "(SECTION_T <= ROTARY_DIM // 2)"): (
+        _ONE_PLANE
+    ),
+    (_ROPE, "if SECTION_T < ROTARY_DIM // 2:", "ROTARY_DIM // 2", "(ROTARY_DIM * 2)"): _ONE_PLANE,
+    **{
+        (_ROPE, context, original, replacement): _UNSTORED_PAIRS
+        for context, original, replacement in [
+            (
+                "x = tl.load(ptr + offsets, mask=row_mask & (features[None, :] < ROTARY_DIM), other=0.0)"
+                ".to(tl.float32)",
+                "row_mask & (features[None, :] < ROTARY_DIM)",
+                "(row_mask | (features[None, :] < ROTARY_DIM))",
+            ),
+            (
+                "x = tl.load(ptr + offsets, mask=row_mask & (features[None, :] < ROTARY_DIM), other=0.0)"
+                ".to(tl.float32)",
+                "features[None, :] < ROTARY_DIM",
+                "(features[None, :] <= ROTARY_DIM)",
+            ),
+            (
+                "mask = row_mask & (pairs[None, :] < ROTARY_DIM // 2)",
+                "row_mask & (pairs[None, :] < ROTARY_DIM // 2)",
+                "(row_mask | (pairs[None, :] < ROTARY_DIM // 2))",
+            ),
+            (
+                "mask = row_mask & (pairs[None, :] < ROTARY_DIM // 2)",
+                "pairs[None, :] < ROTARY_DIM // 2",
+                "(pairs[None, :] <= ROTARY_DIM // 2)",
+            ),
+            ("mask = row_mask & (pairs[None, :] < ROTARY_DIM // 2)", "ROTARY_DIM // 2", "(ROTARY_DIM * 2)"),
+        ]
+    },
+    **{
+        (
+            _ROPE,
+            "x1, x2 = _load_pairs(x_ptr, head_starts, head_mask, 0, ROTARY_DIM, INTERLEAVED, ROTARY_DIM // 2, 0, "
+            "BLOCK_PAIRS)",
+            original,
+            replacement,
+        ): _HEAD_PLANES
+        for original, replacement in [("0", "(1)"), ("ROTARY_DIM // 2", "(ROTARY_DIM * 2)"), ("2", "(3)")]
+    },
+    (_ROPE, "if ROTARY_DIM < HEAD_DIM:", "ROTARY_DIM < HEAD_DIM", "(ROTARY_DIM <= HEAD_DIM)"): (
+        "with no feature past ROTARY_DIM the pass-through copy's mask is all false: it copies nothing"
+    ),
+    (
+        _ROPE,
+        "table_start = tl.full((1, 1), 0, tl.int64) + (token % cos_rows) * ROTARY_DIM",
+        "tl.full((1, 1), 0, tl.int64) + (token % cos_rows) * ROTARY_DIM",
+        "(token % cos_rows * ROTARY_DIM)",
+    ): "the [1, 1] zeros only shape the table's start: a scalar start broadcasts to the same offsets",
+    (_ROPE, "table_mask = tl.full((1, 1), 1, tl.int1)", "1", "(2)"): "any nonzero int1 constant is true",
+    (_LOGPROBS, "tokens = tl.load(tokens_ptr + rows, mask=row_exists, other=0).to(tl.int64)", "0", "(1)"): (
+        _MASKED_FILL
+    ),
+    (_LOGPROBS, 'shift = tl.where(new_max == float("-inf"), 0.0, new_max)', "0.0", "(1.0)"): _ONLY_MINUS_INF,
+    # The key is also the where's fill, which keeps an out-of-range token's log-prob cotangent out of its gradient:
+    # that mutant is killed, only the load's fill (rows past n_rows) survives.
+    (
+        _LOGPROBS,
+        "g = tl.where(in_range, tl.load(logprob_cotangent_ptr + rows, mask=row_exists, other=0.0), 0.0)",
+        "0.0",
+        "(1.0)",
+    ): _MASKED_FILL,
+    (_LOGPROBS, "moved = tl.where(running_sum > 0, running_max - shift, 0.0)", "0.0", "(1.0)"): (
+        "while nothing was summed the move multiplies running_sum = 0 (and the rescale is exp(-inf) = 0)"
+    ),
+    (
+        _LOGPROBS,
+        "centred = tl.where(col_mask, z - shift[:, None], 0.0)  # masked columns: e = 0, and 0 · -inf would be NaN",
+        "0.0",
+        "(1.0)",
+    ): "a masked column's exponential e is 0: any finite fill adds e · fill = 0",
+    **{
+        (
+            _LOGPROBS,
+            "target = tl.load(logits_ptr + rows * n_cols + tl.where(in_range, tokens, 0), mask=row_exists & in_range, "
+            "other=0)",
+            original,
+            replacement,
+        ): (
+            "the target logit of a row past n_rows (never stored) or of a token out of range (its log-prob is NaN "
+            "whatever was loaded): its offset, whether it is loaded (past the operand, where the interpreter does "
+            "not fault) and its fill"
+        )
+        for original, replacement in [("0", "(1)"), ("row_exists & in_range", "(row_exists | in_range)")]
+    },
+    **{
+        (
+            _DISTILLATION,
+            f"{value} = tl.load({operand}_ptr + offsets, mask=loaded, other=0.0).to(tl.float32)",
+            "0.0",
+            "(1.0)",
+        ): (_ROWS_NOT_LOADED)
+        for value, operand in [("s", "student"), ("t", "teacher")]
+    },
+    (_DISTILLATION, "loss, d = _terms(q, tl.exp(log_p), DIVERGENCE, beta, True, 0.0)", "True", "(False)"): (
+        _UNREAD_BY_TVD
+    ),
+    (_DISTILLATION, "loss, d = _terms(q, tl.exp(log_p), DIVERGENCE, beta, True, 0.0)", "0.0", "(1.0)"): _UNREAD_BY_TVD,
+    (_DISTILLATION, "loss, d = _terms(log_q, log_p, DIVERGENCE, beta, True, 0.0)", "0.0", "(1.0)"): _KL_LOG_TARGET,
+    # The key is also the loss's and the spread's fills, whose mutants are killed: only d's survives.
+    (
+        _DISTILLATION,
+        "return tl.where(loaded, loss, 0.0), tl.where(loaded, d, 0.0), q, tl.where(loaded, spread, 0.0)",
+        "0.0",
+        "(1.0)",
+    ): "d outside the loaded elements only reaches the gradient, which is masked to 0 there before it is stored",
+    **{
+        (
+            _DISTILLATION,
+            "for block in range((n_cols + BLOCK_V - 1) // BLOCK_V):",
+            "n_cols + BLOCK_V - 1",
+            replacement,
+        ): (_DISTILLATION_EXTRA_BLOCK)
+        for replacement in ("(n_cols + BLOCK_V + 1)", "(n_cols + BLOCK_V)")
+    },
+    **{
+        (_DISTILLATION, context, "0.0", "(1.0)"): (
+            "softmax's _add_exponentials (the row maps' update signature) never reads its fourth argument"
+        )
+        for context in [
+            "max_student, sum_student = _add_exponentials(max_student, sum_student, s * inv_temperature, 0.0)",
+            "max_teacher, sum_teacher = _add_exponentials(max_teacher, sum_teacher, t * inv_temperature, 0.0)",
+            "max_raw, sum_raw = _add_exponentials(max_raw, sum_raw, s, 0.0)",
+        ]
+    },
+    (
+        "liger_jax/kernels/divergence.py",
+        "SMALLEST_NORMAL = tl.constexpr(1.1754943508222875e-38)",
+        "1.1754943508222875e-38",
+        "(2.350988701644575e-38)",
+    ): (
+        "the floor that keeps log m finite: it changes log m only where the mixture m = β·p + (1 - β)·q is under "
+        "2.4e-38, in terms weighed by β·p and (1 - β)·q, each at most m, which no fp32 row sum can see"
+    ),
+    (
+        _NEIGHBORHOOD,
+        "inside = (keys[None, :] >= 0) & (keys[None, :] < S) & (queries[:, None] < S)",
+        "queries[:, None] < S",
+        "(queries[:, None] <= S)",
+    ): (
+        "query S, one past the sequence, is never stored, and in the backward kernels its q and dO load as 0, so "
+        "its probabilities multiply zeros in dK and dV"
+    ),
+    (_NEIGHBORHOOD, 'shift = tl.where(new_max == float("-inf"), 0.0, new_max)', "0.0", "(1.0)"): _ONLY_MINUS_INF,
+    (_NEIGHBORHOOD, "row_sum = tl.where(queries < S, row_sum, 1.0)", "queries < S", "(queries <= S)"): (
+        _UNSTORED_QUERY
+    ),
+    (_NEIGHBORHOOD, "row_sum = tl.where(queries < S, row_sum, 1.0)", "1.0", "(2.0)"): _UNSTORED_QUERY,
+    (
+        _NEIGHBORHOOD,
+        "return tl.load(ptr + offsets, mask=(rows >= 0) & (rows < S), other=0.0)",
+        "rows < S",
+        "(rows <= S)",
+    ): (
+        "the statistic of row S, one past the sequence (read past the operand, which the interpreter does not "
+        "fault on), serves only queries past the sequence, whose scores are -inf"
+    ),
+    (_NEIGHBORHOOD, "return tl.load(ptr + offsets, mask=(rows >= 0) & (rows < S), other=0.0)", "0.0", "(1.0)"): (
+        "the statistics of rows outside the sequence serve only queries past it, whose scores are -inf"
+    ),
 }
 
 
