@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used: providers.prepare_process must run bef
 
 # How each op's launches are tiled: "rows" (``_tiling.row_tiling``), "heavy" (with ``_heavy_rows``' warps; the
 # flag says whether the backward prefetches row tiles: DyT's, which sums over rows), "divergence", "group".
+# ONE_TILE_OPS keep a row in one tile (no column-block path): their wide rows get the one-tile candidates.
 FAMILIES = {
     "softmax": ("rows", False),
     "sparsemax": ("rows", False),
@@ -39,6 +40,7 @@ FAMILIES = {
     "kl_div": ("divergence", False),
     "tvd": ("divergence", False),
 }
+ONE_TILE_OPS = frozenset({"poly_norm", "modulated_rms_norm"})
 OPS = tuple(FAMILIES)
 DTYPE = "bfloat16"
 # Candidates kept on a CPU besides the rule: the first alternative of each family exercises its override.
@@ -60,12 +62,13 @@ def _label(override: TilingOverride) -> str:
     return "/".join(texts)
 
 
-def _row_alternatives(n_cols: int, family: str, prefetches: bool) -> list[TilingOverride]:
+def _row_alternatives(n_cols: int, family: str, prefetches: bool, one_tile: bool) -> list[TilingOverride]:
     """Around ``_tiling.row_tiling``: warps and rows per tile for one-tile rows, column blocks (and stages in their
-    loop) for rows wider than MEASURED_TILE_LIMIT, the backward's prefetch flipped where it has one."""
+    loop) for rows wider than MEASURED_TILE_LIMIT unless the kernel keeps a row in one tile, the backward's prefetch
+    flipped where it has one."""
     from liger_jax.ops import _tiling
 
-    if n_cols > _tiling.MEASURED_TILE_LIMIT:
+    if n_cols > _tiling.MEASURED_TILE_LIMIT and not one_tile:
         tile = _tiling.next_power_of_2(n_cols)
         return [
             _override(block_d=4096, num_warps=8),
@@ -79,8 +82,9 @@ def _row_alternatives(n_cols: int, family: str, prefetches: bool) -> list[Tiling
             _override(num_warps=8),
             _override(num_warps=32),
             _override(block_rows=2, num_warps=16),
-            _override(block_rows=2, num_warps=32),
             _override(block_rows=4, num_warps=32),
+            _override(block_rows=1, num_warps=4),
+            _override(block_rows=8, num_warps=8),
         ]
     else:  # 16 to 32 elements a thread
         chosen = [
@@ -131,7 +135,7 @@ def candidates(op: str, params: Params) -> list[Candidate]:
     elif family == "group":
         alternatives = [_override(**settings) for settings in GROUP_ALTERNATIVES]
     else:
-        alternatives = _row_alternatives(_row_length(params), family, prefetches)
+        alternatives = _row_alternatives(_row_length(params), family, prefetches, op in ONE_TILE_OPS)
     chosen = [Candidate(RULE, None)] + [Candidate(_label(o), o) for o in alternatives]
     return tiling_sweep.distinct(chosen, tilings(op, params))
 
@@ -188,13 +192,15 @@ def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str
     return text, text
 
 
-def cases(ops: Sequence[str], smoke: bool) -> Iterator[tuple[Case, list[Candidate]]]:
-    """``(case, candidates)`` per op and bf16 target shape (its bf16 smoke shape, and fewer candidates, on a CPU)."""
+def cases(ops: Sequence[str], smoke: bool, shapes: Sequence[Params] = ()) -> Iterator[tuple[Case, list[Candidate]]]:
+    """``(case, candidates)`` per op and bf16 target shape (its bf16 smoke shape, and fewer candidates, on a CPU);
+    ``shapes`` replace the targets (each a target's params with some of them changed)."""
     from benchmarks.cases import OPS as CASE_OPS
 
     for op in ops:
         plan = CASE_OPS[op]
-        for params, dtype in plan.smoke if smoke else plan.targets:
+        chosen_shapes = [({**plan.targets[0][0], **shape}, DTYPE) for shape in shapes] or plan.targets
+        for params, dtype in plan.smoke if smoke else chosen_shapes:
             if dtype == DTYPE:
                 chosen = candidates(op, params)
                 yield plan.build(params, dtype), chosen[: 1 + SMOKE_CANDIDATES] if smoke else chosen
@@ -208,7 +214,7 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     providers.prepare_process()
     policy = SMOKE_POLICY if args.smoke else Policy(budget_s=args.time_per_measurement)
     start, rows, out = time.monotonic(), [], args.out / "row_tiling.jsonl"
-    for case, chosen in cases(args.op, args.smoke):
+    for case, chosen in cases(args.op, args.smoke, args.shape):
         rows += tiling_sweep.sweep_case(case, chosen, tilings(case.op, case.params), policy, args.smoke, out, start)
     return rows
 
@@ -216,14 +222,30 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m benchmarks.row_tiling``."""
     smoke = "each op at a tiny shape through the interpreter, on a CPU"
-    return tiling_sweep.parser(__doc__.splitlines()[0], OPS, smoke)
+    cli = tiling_sweep.parser(__doc__.splitlines()[0], OPS, smoke)
+    cli.add_argument(
+        "--shape",
+        nargs="+",
+        type=_parse_shape,
+        default=[],
+        help="shapes instead of the targets, each the target's params it changes: hidden=1024 tokens=8192,hidden=512",
+    )
+    return cli
+
+
+def _parse_shape(text: str) -> dict[str, int]:
+    """``"tokens=8192,hidden=512"`` → ``{"tokens": 8192, "hidden": 512}``."""
+    pairs = [item.partition("=") for item in text.split(",")]
+    if any(not key or not sep or not value.isdigit() for key, sep, value in pairs):
+        raise argparse.ArgumentTypeError(f"a shape is name=int[,name=int...], got {text!r}")
+    return {key: int(value) for key, _, value in pairs}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point."""
     args = parser().parse_args(argv)
     if args.registers:
-        tiling_sweep.print_registers(cases(args.op, smoke=False))
+        tiling_sweep.print_registers(cases(args.op, smoke=False, shapes=args.shape))
         return
     print(tiling_sweep.report(sweep(args), args.out / "row_tiling.txt"), flush=True)
 

@@ -113,7 +113,9 @@ def _run(out: int, operands, opaque: bytes, opaque_len: int, status: int) -> Non
     except BaseException:
         traceback.print_exc()
         for output in outputs:
-            output[...] = np.nan if np.issubdtype(output.dtype, np.inexact) else np.iinfo(output.dtype).max
+            output[...] = (
+                np.nan if jax.numpy.issubdtype(output.dtype, jax.numpy.inexact) else np.iinfo(output.dtype).max
+            )
 
 
 # The C function pointer XLA calls; a module global, so it outlives every executable.

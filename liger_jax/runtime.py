@@ -146,7 +146,8 @@ def launch(
 
     Returns:
         One array, or a tuple of arrays matching ``out_shape``. Under ``"interpret"`` floating outputs start as NaN
-        (integer outputs as the dtype's max), so an element the kernel never writes shows up in tests.
+        (integer outputs as the dtype's max), so an element the kernel never writes shows up in tests, and a store
+        past either end of an output fails the call (its results come back NaN, the reason on stderr).
     """
     for arg in args:
         if isinstance(arg, float):
@@ -239,7 +240,8 @@ def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
     args = [None if i in array_positions else arg for i, arg in enumerate(args)]  # the host keeps no tracers
 
     def run_on_host(*host_arrays):
-        outputs = [_poisoned(shape) for shape in out_shapes]
+        guarded = [_GuardedOutput(shape) for shape in out_shapes]
+        outputs = [output.array for output in guarded]
         for input_index, output_index in aliases.items():
             outputs[output_index][...] = host_arrays[input_index]
         kernel_args = list(args)
@@ -248,6 +250,8 @@ def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
         for input_index, output_index in aliases.items():
             kernel_args[array_positions[input_index]] = _HostTensor(outputs[output_index])
         kernel[grid](*kernel_args, *(_HostTensor(out) for out in outputs), **constexprs)
+        for index, output in enumerate(guarded):
+            output.check_guards(kernel, index)
         return tuple(outputs)
 
     result_shapes = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shapes)
@@ -278,10 +282,28 @@ def _round_bfloat16_to_nearest_even() -> None:
     interpreter._convert_float = convert
 
 
-def _poisoned(shape: jax.ShapeDtypeStruct) -> np.ndarray:
-    dtype = np.dtype(shape.dtype)
-    fill = np.nan if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else np.iinfo(dtype).max
-    return np.full(shape.shape, fill, dtype=dtype)
+class _GuardedOutput:
+    """A poisoned output buffer (NaN, or the integer dtype's max) between two guard bands of a fixed byte pattern,
+    so that a store past either end of the output — which the interpreter does not fault on — is caught."""
+
+    GUARD_BYTES = 1 << 16
+    GUARD_BYTE = 0xA5
+
+    def __init__(self, shape: jax.ShapeDtypeStruct):
+        dtype = np.dtype(shape.dtype)
+        size = int(np.prod(shape.shape))
+        self._memory = np.full(2 * self.GUARD_BYTES + size * dtype.itemsize, self.GUARD_BYTE, np.uint8)
+        body = self._memory[self.GUARD_BYTES : self.GUARD_BYTES + size * dtype.itemsize]
+        self.array = body.view(dtype).reshape(shape.shape)
+        self.array[...] = np.nan if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else np.iinfo(dtype).max
+
+    def check_guards(self, kernel: Any, index: int) -> None:
+        """Raises RuntimeError if the kernel wrote before or after this output."""
+        before = self._memory[: self.GUARD_BYTES]
+        after = self._memory[self.GUARD_BYTES + self.array.nbytes :]
+        if (before != self.GUARD_BYTE).any() or (after != self.GUARD_BYTE).any():
+            name = getattr(kernel, "__name__", kernel)
+            raise RuntimeError(f"kernel {name} stored past the bounds of its output {index}")
 
 
 class _TritonDtype:

@@ -16,14 +16,21 @@ import liger_jax
 from liger_jax.flax_layers import apply_liger, liger_intercept
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
+from liger_jax.ops import _tiling
 from liger_jax.ops import group_norm as group_norm_op
 from tests import harness
 from tests.collectives import assert_only_small_all_reduces, compiled_collectives, mesh, nbytes, place
 
 # (x shape, num_groups): an image [B, H, W, C] with 3 groups of 4 channels (one block, its tail masked); no positions
 # (rank 2); groups of 3 channels in two blocks of 32 groups, the second partial; one example, two blocks of 4 groups
-# of 16; and 1100 tokens, more than one chunk (the last partial): two passes over the data.
-SHAPES = [((2, 5, 7, 12), 3), ((3, 24), 4), ((2, 11, 120), 40), ((1, 9, 96), 6), ((2, 1100, 16), 2)]
+# of 16; and 52 tokens more than one chunk of 16 channels holds (the last chunk partial): two passes over the data.
+SHAPES = [
+    ((2, 5, 7, 12), 3),
+    ((3, 24), 4),
+    ((2, 11, 120), 40),
+    ((1, 9, 96), 6),
+    ((2, group_norm_op.CHUNK_ELEMENTS // 16 + 52, 16), 2),
+]
 SHAPE_IDS = ["image", "rank2", "group3", "two_blocks", "chunks"]
 
 
@@ -87,6 +94,26 @@ def test_check_grads_fp32_kernel_and_float64_reference():
     x, scale, bias = _inputs(5, (2, 3, 16), jnp.float32)
     check_grads(_op(harness.KERNEL_IMPLEMENTATION, 4), (x, scale, bias), order=1, modes=["rev"])
     check_grads(_reference(4), harness.as_float64(x, scale, bias), order=1, modes=["rev"])
+
+
+@pytest.mark.parametrize(
+    ("shape", "num_groups", "override"),
+    [
+        # Chunks of 8 tokens (the last of 37 partial) over three blocks of two 8-channel groups.
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8)),
+        # One-token chunks, groups of 3 channels in blocks of 4 groups (16 channels, the tail of each masked).
+        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1)),
+    ],
+)
+def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, override):
+    primals = _inputs(11, shape, jnp.float32)
+    cotangent = harness.random_normal(12, shape, jnp.float32)
+    with _tiling.overridden(override):
+        tiling = group_norm_op.group_tiling(shape[1], shape[2], num_groups, override)
+        assert tiling.block_s < shape[1] and tiling.grid(shape[0], num_groups)[1] > 1
+        _assert_vjp_matches_reference(
+            _op(harness.KERNEL_IMPLEMENTATION, num_groups), _reference(num_groups), primals, cotangent, jnp.float32
+        )
 
 
 def test_gradient_identities():

@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 import liger_jax
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
-from liger_jax.ops import _tiling
+from liger_jax.ops import _heavy_rows, _tiling
 from tests import harness
 from tests.collectives import assert_only_small_all_reduces, compiled_collectives, mesh, nbytes, place
 
@@ -93,15 +93,47 @@ def test_dyt_scalar_alpha_and_no_beta():
     harness.assert_vjp_matches_reference_over_sums(op, definition, (x, alpha, gamma), cotangent, jnp.float32, terms)
 
 
-def test_dyt_column_blocks_match_float64_definition():
-    shape = harness.FORCED_TILING_SHAPE
+@pytest.mark.parametrize(
+    ("shape", "override"),
+    [
+        (harness.FORCED_TILING_SHAPE, harness.FORCED_TILINGS["column_blocks"]),
+        # One column past three whole blocks, several tiles a program.
+        ((67, 193), _tiling.TilingOverride(block_d=64, block_rows=4)),
+        # Two-row tiles of one block: each of the interpreter's 3 programs walks 3 tiles, the last one partial.
+        ((13, 48), _tiling.TilingOverride(block_rows=2)),
+    ],
+)
+def test_dyt_forced_tilings_match_float64_definition(shape, override):
     primals = _dyt_inputs(5, shape, jnp.bfloat16)
     op = functools.partial(liger_jax.dyt, implementation=harness.KERNEL_IMPLEMENTATION)
     terms = {1: int(np.prod(shape)), 2: shape[0], 3: shape[0]}
-    with _tiling.overridden(harness.FORCED_TILINGS["column_blocks"]):
+    with _tiling.overridden(override):
         harness.assert_vjp_matches_reference_over_sums(
             op, _dyt_from_definition, primals, harness.random_normal(6, shape, jnp.bfloat16), jnp.bfloat16, terms
         )
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "block_rows", "num_warps"), [(256, 8, 8), (1000, 1, 4), (1024, 1, 4), (8192, 1, 32)]
+)
+def test_heavy_rows_get_a_tile_each_from_1024_columns(n_cols, block_rows, num_warps):
+    # 8 elements a thread; below 1024 columns the row rule's tiles of several rows, which an override keeps.
+    override = _heavy_rows.heavy_row_override(n_cols, reduces_rows=True)
+    tiling = _tiling.row_tiling(n_cols, reduces_rows=True, override=override)
+    assert (tiling.block_rows, tiling.num_warps) == (block_rows, num_warps)
+    with _tiling.overridden(_tiling.TilingOverride(block_rows=2)):
+        assert _heavy_rows.heavy_row_override(n_cols, reduces_rows=True).block_rows == 2
+
+
+@pytest.mark.parametrize("op", ["poly_norm", "modulated_rms_norm"])
+def test_one_tile_kernels_refuse_a_narrower_block(op):
+    # Neither kernel walks column blocks: a forced block narrower than the row would leave columns unread.
+    x = harness.random_normal(0, (3, 48), jnp.float32)
+    ones, zeros = jnp.ones((48,), jnp.float32), jnp.zeros((48,), jnp.float32)
+    args = (x, ones[:3], zeros[0]) if op == "poly_norm" else (x, ones, zeros)
+    fn = functools.partial(getattr(liger_jax, op), implementation=harness.KERNEL_IMPLEMENTATION)
+    with _tiling.overridden(_tiling.TilingOverride(block_d=16)), pytest.raises(ValueError, match="one tile"):
+        fn(*args)
 
 
 def test_dyt_gradient_identities():
@@ -402,10 +434,13 @@ def test_modulated_rows_shard_per_token():
     assert_only_small_all_reduces(compiled_collectives(program, *sharded), nbytes(weight) + 64)
 
 
-@pytest.mark.parametrize(("x_shape", "scale_shape"), [((2, 7, 24), (2, 24)), ((9, 24), (24,))])
+@pytest.mark.parametrize(
+    ("x_shape", "scale_shape"), [((2, 7, 24), (2, 24)), ((9, 24), (24,)), ((2, 7, 24), (2, 7, 24))]
+)
 def test_modulation_groups_split_over_programs_and_tiles(x_shape, scale_shape):
     # Two-row tiles: per example, each program walks its group's 4 tiles, the last one partial; shared, the group's
-    # 5 tiles go to 3 programs. Every partial of dscale and dshift must land in its own group's sum.
+    # 5 tiles go to 3 programs; per token, the 7 tiles of all rows go to 3 programs. Every partial of dscale and
+    # dshift must land in its own group's sum.
     primals = _modulated_inputs(35, x_shape, scale_shape, jnp.float32)
     cotangent = harness.random_normal(36, x_shape, jnp.float32)
     op = functools.partial(liger_jax.modulated_rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)

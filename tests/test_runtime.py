@@ -1,4 +1,4 @@
-"""The launch layer: implementation choice, clear errors, poisoned outputs, aliasing, bf16 rounding."""
+"""The launch layer: implementation choice, clear errors, poisoned outputs, guarded outputs, aliasing, bf16 rounding."""
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,13 @@ def _scale_in_place(x_ptr, y_ptr, factor: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offsets, value.to(y_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _fill_range(start, stop, y_ptr, BLOCK: tl.constexpr):
+    """Stores 1 at y[start:stop] (start may be negative, stop past the end: no bounds of y are checked)."""
+    offsets = start + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.full((BLOCK,), 1.0, tl.float32), mask=offsets < stop)
+
+
 def _launch_copy(x, n):
     return runtime.launch(
         _copy_first,
@@ -46,6 +53,26 @@ def test_unwritten_outputs_are_poisoned(dtype):
     y = jax.jit(_launch_copy, static_argnums=1)(x, 10)
     np.testing.assert_array_equal(np.asarray(y[:10], np.float32), np.asarray(x[:10], np.float32))
     assert np.isnan(np.asarray(y[10:], np.float32)).all()
+
+
+@pytest.mark.parametrize(("start", "stop"), [(-1, 5), (3, 9), (0, 8)])
+def test_stores_past_an_output_are_caught(start, stop, capfd):
+    # One element before or after an [8] output: the interpreter writes raw memory, so the launch checks the guard
+    # bands around each output; a host call that raises returns NaN and prints why.
+    if harness.KERNEL_IMPLEMENTATION != "interpret":
+        pytest.skip("only the interpreter's host buffers carry guard bands")
+
+    def fill():
+        out_shape = jax.ShapeDtypeStruct((8,), jnp.float32)
+        return runtime.launch(_fill_range, start, stop, out_shape=out_shape, grid=(1,), implementation="interpret",
+                              BLOCK=16)  # fmt: skip
+
+    y = np.asarray(jax.jit(fill)())
+    if 0 <= start and stop <= 8:
+        np.testing.assert_array_equal(y, np.ones(8, np.float32))
+    else:
+        assert np.isnan(y).all()
+        assert "kernel _fill_range stored past the bounds of its output 0" in capfd.readouterr().err
 
 
 def test_aliased_output_reuses_the_input_values():

@@ -43,6 +43,22 @@ def test_row_tiling_candidates_are_few_and_distinct(op):
             assert len(set(described)) == len(described)
 
 
+def test_row_tiling_shapes_replace_the_targets_and_one_tile_ops_get_no_column_blocks():
+    args = row_tiling.parser().parse_args(["--op", "dyt", "poly_norm", "--shape", "hidden=16384", "tokens=8,hidden=96"])
+    cases = list(row_tiling.cases(args.op, smoke=False, shapes=args.shape))
+    assert [(case.op, case.params) for case, _ in cases] == [
+        ("dyt", {"tokens": 16384, "hidden": 16384}),
+        ("dyt", {"tokens": 8, "hidden": 96}),
+        ("poly_norm", {"tokens": 16384, "hidden": 16384}),
+        ("poly_norm", {"tokens": 8, "hidden": 96}),
+    ]
+    wide_dyt, wide_poly = cases[0][1], cases[2][1]
+    assert any(c.override and c.override.block_d and c.override.block_d < 16384 for c in wide_dyt)
+    assert not any(c.override and c.override.block_d for c in wide_poly)
+    with pytest.raises(SystemExit):
+        row_tiling.parser().parse_args(["--shape", "hidden"])
+
+
 @pytest.mark.parametrize(
     ("op", "override", "expected"),
     [

@@ -56,6 +56,7 @@ _CROSS_ENTROPY_TESTS = (
 _ROW_NORM_TESTS = ("tests/test_norms_math.py",)
 _ROPE_TESTS = ("tests/test_rope_math.py", "tests/test_rope_family.py", "tests/test_rope.py", "-k", "not xla")
 _NOT_XLA = ("-k", "not xla")
+_DIVERGENCE_TESTS = ("tests/test_divergences_math.py", "tests/test_divergences.py")
 # In the order they run: files nobody else is rewriting first, the norm kernels last.
 TARGETS: dict[str, Target] = {
     "liger_jax/kernels/cross_entropy.py": Target(None, _CROSS_ENTROPY_TESTS),
@@ -84,7 +85,7 @@ TARGETS: dict[str, Target] = {
         ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd", "_backward"),
         (*_ROW_NORM_TESTS, "tests/test_fused_add_rms_norm.py", "-k", "not xla"),
     ),
-    "liger_jax/kernels/divergence.py": Target(None, ("tests/test_divergences_math.py", "tests/test_divergences.py")),
+    "liger_jax/kernels/divergence.py": Target(None, _DIVERGENCE_TESTS),
     "liger_jax/kernels/logprobs.py": Target(None, ("tests/test_fused_linear_logprobs.py", *_NOT_XLA)),
     "liger_jax/kernels/distillation.py": Target(None, ("tests/test_fused_linear_distillation.py", *_NOT_XLA)),
     "liger_jax/kernels/softmax.py": Target(None, ("tests/test_softmax.py", "tests/test_activations.py", *_NOT_XLA)),
@@ -99,8 +100,53 @@ TARGETS: dict[str, Target] = {
     "liger_jax/kernels/group_norm.py": Target(None, ("tests/test_group_norm.py", *_NOT_XLA)),
     "liger_jax/kernels/dyt.py": Target(None, ("tests/test_norm_family.py", "-k", "dyt and not xla")),
     "liger_jax/kernels/poly_norm.py": Target(None, ("tests/test_norm_family.py", "-k", "poly and not xla")),
-    "liger_jax/kernels/modulated_rms_norm.py": Target(
-        None, ("tests/test_norm_family.py", "-k", "modulated and not xla")
+    "liger_jax/kernels/modulated_rms_norm.py": Target(None, ("tests/test_norm_family.py", "-k", "modulat and not xla")),
+    "liger_jax/kernels/_rows.py": Target(
+        None,
+        (
+            *_ROW_NORM_TESTS,
+            "tests/test_rms_norm.py",
+            "tests/test_layer_norm.py",
+            "tests/test_fused_add_rms_norm.py",
+            "tests/test_norm_family.py",
+            *_NOT_XLA,
+        ),
+    ),
+    "liger_jax/kernels/_elements.py": Target(
+        None, ("tests/test_glu_math.py", "tests/test_relu_squared.py", "tests/test_glu.py", *_NOT_XLA)
+    ),
+    # The backward rules of the ops added since the first targets.
+    "liger_jax/ops/_divergence_rows.py": Target(("_reduced_loss_bwd",), _DIVERGENCE_TESTS),
+    "liger_jax/ops/kl_div.py": Target(("_kl_div_bwd",), _DIVERGENCE_TESTS),
+    "liger_jax/ops/fused_linear_cross_entropy.py": Target(
+        ("_fused_linear_cross_entropy_bwd",), ("tests/test_fused_linear_cross_entropy.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/fused_linear_distillation.py": Target(
+        ("_distillation_bwd",), ("tests/test_fused_linear_distillation.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/fused_linear_logprobs.py": Target(
+        ("_fused_linear_logprobs_bwd",), ("tests/test_fused_linear_logprobs.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/_sequence_chunks.py": Target(
+        ("_group_loss_bwd",), ("tests/test_preference_losses.py", "tests/test_grpo.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/_row_maps.py": Target(
+        ("_row_map_bwd", "_backward_launcher"),
+        ("tests/test_softmax.py", "tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA),
+    ),
+    "liger_jax/ops/relu_squared.py": Target(
+        ("_relu_squared_bwd", "_backward_launcher"), ("tests/test_relu_squared.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/fused_neighborhood_attention.py": Target(
+        ("_band_attention_bwd", "_backward"), ("tests/test_fused_neighborhood_attention.py", *_NOT_XLA)
+    ),
+    "liger_jax/ops/group_norm.py": Target(("_group_norm_bwd", "_backward"), ("tests/test_group_norm.py", *_NOT_XLA)),
+    "liger_jax/ops/dyt.py": Target(("_dyt_bwd", "_backward"), ("tests/test_norm_family.py", "-k", "dyt and not xla")),
+    "liger_jax/ops/poly_norm.py": Target(
+        ("_poly_norm_bwd", "_backward"), ("tests/test_norm_family.py", "-k", "poly and not xla")
+    ),
+    "liger_jax/ops/modulated_rms_norm.py": Target(
+        ("_modulated_rms_norm_bwd",), ("tests/test_norm_family.py", "-k", "modulat and not xla")
     ),
 }
 
@@ -163,6 +209,21 @@ _UNREAD_BY_TVD = "TVD's terms read neither log_target nor eps (only KL without a
 _KL_LOG_TARGET = "with log_target the KL terms never read eps; JSD's never do"
 _DISTILLATION_EXTRA_BLOCK = (
     "an extra column block lies wholly past n_cols: -inf logits (no max or exponential), no element loaded, none stored"
+)
+_DYT = "liger_jax/kernels/dyt.py"
+_POLY_NORM = "liger_jax/kernels/poly_norm.py"
+_MODULATED = "liger_jax/kernels/modulated_rms_norm.py"
+_FORWARD_MASKED_OR_ZERO_DY = (
+    "in the forward a masked lane feeds only the masked store of y; in the backward it meets dy = 0 in every sum "
+    "and its dx is not stored"
+)
+_BARRIER = (
+    "a barrier orders the threads of one program on the GPU; the interpreter runs each program as one thread, so "
+    "no CPU test can see where it stands (the GPU tests run this path)"
+)
+_MEETS_ZERO_DY = (
+    "a masked lane or row meets dy = 0 in every sum of the backward (each term carries a factor of dy) and its "
+    "gradients are not stored"
 )
 # Survivors that compute what the original computes: (file, source line, original, replacement) -> why.
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
@@ -569,6 +630,56 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_NEIGHBORHOOD, "return tl.load(ptr + offsets, mask=(rows >= 0) & (rows < S), other=0.0)", "0.0", "(1.0)"): (
         "the statistics of rows outside the sequence serve only queries past it, whose scores are -inf"
     ),
+    (_DYT, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
+        _FORWARD_MASKED_OR_ZERO_DY
+    ),
+    **{
+        (_DYT, f"{name} = tl.load({name}_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)", *change): why
+        for name in ("gamma", "beta")
+        for change, why in (
+            (("0.0", "(1.0)"), _FORWARD_MASKED_OR_ZERO_DY),
+            (("cols < n_cols", "(cols <= n_cols)"), _ONE_PAST_LOAD),
+        )
+    },
+    **{
+        (_DYT, "for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):", "n_cols + BLOCK_D - 1", replacement): (
+            _EXTRA_BLOCK
+        )
+        for replacement in ("(n_cols + BLOCK_D + 1)", "(n_cols + BLOCK_D)")
+    },
+    (_DYT, "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): _ONE_BLOCK_PATH,
+    (_POLY_NORM, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
+    **{
+        (_POLY_NORM, f"rstd{p} = tl.load(rstd{p}_ptr + rows, mask=row_mask, other=0.0)", "0.0", "(1.0)"): (
+            _MEETS_ZERO_DY
+        )
+        for p in (1, 2, 3)
+    },
+    (_MODULATED, "return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
+        "a masked lane's modulation scales a y that is not stored, or a dy that is 0"
+    ),
+    (_MODULATED, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
+    (_MODULATED, "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
+    (
+        _MODULATED,
+        "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+        "rows < n_rows",
+        "(rows <= n_rows)",
+    ): (_ONE_PAST_LOAD),
+    (
+        _MODULATED,
+        "r = tl.where(mask, _normalized(x, rstd, weight, CASTING).to(x.dtype).to(tl.float32), 0.0)",
+        "0.0",
+        "(1.0)",
+    ): "a masked lane's r goes to a masked store of dscale or meets dy = 0 in Σ dy · r",
+    (_RMS_NORM, "if not PREFETCH:", "not PREFETCH", "(PREFETCH)"): (
+        "reading the tile and scale again after the row sums only saves registers: the values read are those held"
+    ),
+    (_RMS_NORM, "PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 1)", "1", "(2)"): (
+        "the count of partial rows only decides where the program's partial sums live (registers or its row of the "
+        "partials in memory, both paths tested): the same sums either way"
+    ),
+    (_RMS_NORM, "if not PARTIAL_BLOCKS:", "not PARTIAL_BLOCKS", "(PARTIAL_BLOCKS)"): _BARRIER,
 }
 
 

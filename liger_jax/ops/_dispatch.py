@@ -42,16 +42,20 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     # kernels measured 0.97-0.99x (KL) and 0.92x (TVD, its gradient's sign kept in int8) of XLA's fwd+bwd.
     "kl_div": 2**62,  # input: rows × V
     "tvd": 2**62,  # input: rows × V
-    # Not measured yet: the row norms' threshold, as these launch the same way.
+    # The catalog's sweeps on the H200 (2026-12-04, benchmarks.run --sweep tokens hidden positions channels, bf16
+    # fwd+bwd; benchmarks/rows/2026-12-04d/sweeps.jsonl). GroupNorm: 3.78x XLA at 2.1M elements and 1.30x at 8.4M
+    # with 512 channels, but 0.82x at 8.4M with 128 channels (16 × 4096 × 128) and 1.03-1.67x from 16.8M.
     "group_norm": 2**24,  # x: batch × positions × channels
-    "dyt": 2**24,  # x: rows × D
-    "poly_norm": 2**24,  # x: rows × D
+    # DyT 1.13x and PolyNorm 1.09x at 2048 × 768 (1.6M elements), 1.7-2.0x at 2048 × 4096.
+    "dyt": 2**20,  # x: rows × D
+    "poly_norm": 2**20,  # x: rows × D
+    # Modulated RMSNorm: not measured under 16.8M (1.05-2.68x from there up to D = 8192): the row norms' entry.
     "modulated_rms_norm": 2**24,  # x: rows × D
-    # Not measured yet: softmax and sparsemax launch as the row norms do, ReLU² as SwiGLU (elementwise, and alone
-    # XLA fuses its forward and backward into one pass): their entries.
-    "softmax": 2**24,  # x: rows × D
-    "sparsemax": 2**24,  # x: rows × D
-    "relu_squared": 2**26,  # x: all elements
+    # Softmax 0.94x at 2048 × 768, 2.0x at 2048 × 4096 (8.4M); sparsemax 12.6x at 2048 × 768 (XLA sorts each row).
+    "softmax": 2**23,  # x: rows × D
+    "sparsemax": 2**20,  # x: rows × D
+    # ReLU²: 0.89x at 2048 × 2048 (4.2M), 1.07x at 2048 × 14336 (29M), 1.03-1.09x above.
+    "relu_squared": 2**24,  # x: all elements
     # Not measured yet. Multi-token attention launches softmax's kernels over its score map: softmax's entry.
     # Neighborhood attention's band kernels never build the [B, H, S, S] map XLA builds: a guess of 1M elements.
     "multi_token_attention": 2**24,  # scores: batch × heads × L × L
@@ -61,7 +65,15 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
 # walks it twice (column blocks). Measured on the H200 (4096 × 32768 bf16 fwd+bwd, 8192-column blocks): RMSNorm
 # 1.06x XLA, fused add+RMSNorm 1.48x; LayerNorm, whose backward sums two rows of partials, was 0.73-0.80x XLA with
 # 4096-column blocks (its bound stays at 16384, where the kernels are 1.5-2.5x XLA).
-MAX_KERNEL_COLS: dict[str, int] = {"rms_norm": 32768, "layer_norm": 16384, "fused_add_rms_norm": 32768}
+# DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
+# (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
+MAX_KERNEL_COLS: dict[str, int] = {
+    "rms_norm": 32768,
+    "layer_norm": 16384,
+    "fused_add_rms_norm": 32768,
+    "dyt": 16384,
+    "modulated_rms_norm": 8192,
+}
 
 
 def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -> runtime.Implementation:
@@ -88,6 +100,12 @@ def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -
     if automatic and chosen == "triton" and (too_small or too_wide):
         return "xla"
     return chosen
+
+
+def row_length(x) -> int:
+    """The length of ``x``'s rows (its last axis) for :func:`resolve`'s ``cols``; 0 for a scalar (the op's checks
+    then reject it)."""
+    return np.shape(x)[-1] if np.ndim(x) else 0
 
 
 def logits_elements(labels, weight, weight_layout: str) -> int:

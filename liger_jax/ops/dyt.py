@@ -48,7 +48,7 @@ def dyt(
     Example:
         >>> y = liger_jax.dyt(x, alpha, gamma, beta)
     """
-    implementation = _dispatch.resolve(implementation, "dyt", np.size(x))
+    implementation = _dispatch.resolve(implementation, "dyt", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
     _checks.check_min_rank("x", x, 1)
     _checks.check_floating("alpha", alpha, implementation)

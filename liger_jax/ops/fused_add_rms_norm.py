@@ -60,9 +60,7 @@ def fused_add_rms_norm(
     Example:
         >>> hidden, residual = liger_jax.fused_add_rms_norm(attention_out, residual, scale)
     """
-    implementation = _dispatch.resolve(
-        implementation, "fused_add_rms_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0
-    )
+    implementation = _dispatch.resolve(implementation, "fused_add_rms_norm", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
     _checks.check_floating("residual", residual, implementation)
     _checks.check_floating("scale", scale, implementation)

@@ -48,7 +48,7 @@ def layer_norm(
     Example:
         >>> y = liger_jax.layer_norm(x, scale, bias, epsilon=1e-5)
     """
-    implementation = _dispatch.resolve(implementation, "layer_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0)
+    implementation = _dispatch.resolve(implementation, "layer_norm", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
     _checks.check_min_rank("x", x, 1)
     for name, weight in (("scale", scale), ("bias", bias)):

@@ -66,7 +66,7 @@ def modulated_rms_norm(
     Example:
         >>> y = liger_jax.modulated_rms_norm(x, weight, scale, shift)  # x [B, T, D], scale and shift [B, D]
     """
-    implementation = _dispatch.resolve(implementation, "modulated_rms_norm", np.size(x))
+    implementation = _dispatch.resolve(implementation, "modulated_rms_norm", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
     _checks.check_min_rank("x", x, 1)
     if weight is not None:
@@ -163,6 +163,7 @@ def _modulated_rms_norm_bwd(epsilon, offset, casting_mode, implementation, modul
             kernels.modulated_rms_norm_bwd_per_row,
             (Rows(), ColumnSum(), Rows(like=3)),
             n_cols=x.shape[-1],
+            one_tile=True,
             row_argnums=(0, 1, 3, 4),
             implementation=implementation,
             **settings,
@@ -207,6 +208,7 @@ def _forward(x, weight, scale, shift, epsilon, offset, casting_mode, implementat
             kernels.modulated_rms_norm_fwd,
             (Rows(), RowStats()),
             n_cols=x.shape[-1],
+            one_tile=True,
             row_argnums=(0, 2, 3),
             implementation=implementation,
             ROWS_PER_MODULATION=1,

@@ -113,6 +113,7 @@ def _forward(epsilon, implementation, n_cols):
         kernels.poly_norm_fwd,
         (Rows(), RowStats(), RowStats(), RowStats()),
         n_cols=n_cols,
+        one_tile=True,
         row_argnums=(0,),
         implementation=implementation,
         eps=epsilon,
@@ -127,6 +128,7 @@ def _backward(implementation, n_cols):
         kernels.poly_norm_bwd,
         (Rows(), RowStats(), RowStats(), RowStats(), RowStats()),
         n_cols=n_cols,
+        one_tile=True,
         row_argnums=(0, 1, 5, 6, 7),
         implementation=implementation,
     )

@@ -61,7 +61,7 @@ def rms_norm(
     Example:
         >>> y = liger_jax.rms_norm(x, scale, epsilon=1e-6)
     """
-    implementation = _dispatch.resolve(implementation, "rms_norm", np.size(x), np.shape(x)[-1] if np.ndim(x) else 0)
+    implementation = _dispatch.resolve(implementation, "rms_norm", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
     _checks.check_floating("scale", scale, implementation)
     _checks.check_min_rank("x", x, 1)
