@@ -142,11 +142,13 @@ def test_losses_and_gradients_match_float64_reference(implementation, case, dtyp
     _assert_vjp_matches(name, op, reference, input, target, labels, kwargs, implementation, dtype)
 
 
-# (rows..., V) with an op each: one row; 3-D with V over five blocks; a single class; rank 1.
+# (rows..., V) with an op each: one row; 3-D with V over five blocks (and "mean" over its elements: V, not the
+# middle axis, divides); a single class; rank 1.
 SHAPE_CASES = [
     ("jsd", {"beta": 0.5, "labels": True}, (1, 64)),
     ("tvd", {"reduction": "none", "labels": True}, (2, 9, 520)),
     ("kl_div", {"reduction": "none"}, (2, 9, 520)),
+    ("kl_div", {"reduction": "mean"}, (2, 9, 520)),
     ("kl_div", {}, (4, 1)),
     ("jsd", {"beta": 0.2}, (50,)),
 ]

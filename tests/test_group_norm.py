@@ -116,6 +116,17 @@ def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, ove
         )
 
 
+@pytest.mark.parametrize(
+    "shape", [(2, 6, 24), (2, group_norm_op.CHUNK_ELEMENTS // 16 + 3, 16)], ids=["one_pass", "chunks"]
+)
+def test_epsilon_reaches_the_statistics(shape):
+    # An epsilon of the order of the groups' variance: leaving it out, or adding it twice, moves y by ~30%.
+    primals = _inputs(13, shape, jnp.float32)
+    cotangent = harness.random_normal(14, shape, jnp.float32)
+    op, reference = _op(harness.KERNEL_IMPLEMENTATION, 4, epsilon=2.0), _reference(4, epsilon=2.0)
+    _assert_vjp_matches_reference(op, reference, primals, cotangent, jnp.float32)
+
+
 def test_gradient_identities():
     # dbias sums dy over examples and positions; dx sums to zero over each (example, group), as x - mean does.
     x, scale, bias = _inputs(6, (3, 10, 24), jnp.float32)

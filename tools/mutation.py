@@ -135,7 +135,8 @@ TARGETS: dict[str, Target] = {
         ("tests/test_softmax.py", "tests/test_sparsemax.py", "tests/test_activations.py", *_NOT_XLA),
     ),
     "liger_jax/ops/relu_squared.py": Target(
-        ("_relu_squared_bwd", "_backward_launcher"), ("tests/test_relu_squared.py", *_NOT_XLA)
+        ("_relu_squared_bwd", "_backward_launcher"),
+        ("tests/test_relu_squared.py", "tests/test_activations.py", *_NOT_XLA),
     ),
     "liger_jax/ops/fused_neighborhood_attention.py": Target(
         ("_band_attention_bwd", "_backward"), ("tests/test_fused_neighborhood_attention.py", *_NOT_XLA)
@@ -220,6 +221,14 @@ _FORWARD_MASKED_OR_ZERO_DY = (
 _BARRIER = (
     "a barrier orders the threads of one program on the GPU; the interpreter runs each program as one thread, so "
     "no CPU test can see where it stands (the GPU tests run this path)"
+)
+_PARTIALS_PLACE = (
+    "the size test only decides where a program's partial sums live (registers or its row of the partials in memory, "
+    "both paths tested): the same sums either way"
+)
+_DEAD_OPERAND_BUFFER = (
+    "which dead operand's buffer dx takes (dy's or the other's) is memory only: the kernel reads each element of both "
+    "before it writes it"
 )
 _MEETS_ZERO_DY = (
     "a masked lane or row meets dy = 0 in every sum of the backward (each term carries a factor of dy) and its "
@@ -672,14 +681,178 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): "a masked lane's r goes to a masked store of dscale or meets dy = 0 in Σ dy · r",
-    (_RMS_NORM, "if not PREFETCH:", "not PREFETCH", "(PREFETCH)"): (
-        "reading the tile and scale again after the row sums only saves registers: the values read are those held"
+    **{
+        (path, "if not PREFETCH:", "not PREFETCH", "(PREFETCH)"): (
+            "reading the tile and scale again after the row sums only saves registers: the values read are those held"
+        )
+        for path in (_RMS_NORM, _LAYER_NORM)
+    },
+    **{
+        (path, f"PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, {rows})", *change): (
+            _PARTIALS_PLACE
+        )
+        for path, rows, change in [(_RMS_NORM, 1, ("1", "(2)")), (_LAYER_NORM, 2, ("2", "(3)"))]
+    },
+    ("liger_jax/kernels/_rows.py", "MAX_REGISTER_PARTIALS = 32768", "32768", "(32769)"): _PARTIALS_PLACE,
+    (
+        "liger_jax/kernels/_rows.py",
+        "previous = tl.load(partial_row_ptr + cols, mask=(cols < n_cols) & accumulate, other=0.0)",
+        "cols < n_cols",
+        "(cols <= n_cols)",
+    ): "the element read one past the row is added to a lane the store masks off: it is never written",
+    (
+        "liger_jax/kernels/_rows.py",
+        'return tl.load(ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")',
+        "cols < n_cols",
+        "(cols <= n_cols)",
+    ): _ONE_PAST_LOAD,
+    (
+        "liger_jax/kernels/_rows.py",
+        'return tl.load(ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last")',
+        "0.0",
+        "(1.0)",
+    ): _MEETS_ZERO_DY,
+    **{
+        (path, "if not PARTIAL_BLOCKS:", "not PARTIAL_BLOCKS", "(PARTIAL_BLOCKS)"): _BARRIER
+        for path in (_RMS_NORM, _LAYER_NORM)
+    },
+    (
+        "liger_jax/kernels/group_norm.py",
+        "return channels, (local < GROUPS_PER_BLOCK * GROUP_SIZE) & (channels < n_channels)",
+        "local < GROUPS_PER_BLOCK * GROUP_SIZE",
+        "(local <= GROUPS_PER_BLOCK * GROUP_SIZE)",
+    ): (
+        "the channel one past a block's groups is the next block's first, in no group of this block: this program also "
+        "writes it (from zero statistics), and the next block's program, which the interpreter runs after it, writes "
+        "it again; on the GPU a race, which no CPU test can order"
     ),
-    (_RMS_NORM, "PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 1)", "1", "(2)"): (
-        "the count of partial rows only decides where the program's partial sums live (registers or its row of the "
-        "partials in memory, both paths tested): the same sums either way"
+    **{
+        ("liger_jax/kernels/group_norm.py", context, *change): why
+        for context, name in [
+            (
+                "return tl.load(ptr + batch.to(tl.int64) * n_groups + groups, mask=groups < n_groups, other=0.0)",
+                "groups < n_groups",
+            ),
+            (
+                "return tl.load(ptr + channels, mask=channels < n_channels, other=0.0).to(tl.float32)",
+                "channels < n_channels",
+            ),
+        ]
+        for change, why in [
+            ((name, f"({name.replace('<', '<=')})"), _ONE_PAST_LOAD),
+            (
+                ("0.0", "(1.0)"),
+                "a group or channel past the last belongs to no channel the block owns: masked wherever used",
+            ),
+        ]
+    },
+    (
+        "liger_jax/ops/_row_maps.py",
+        "return row_launcher(kernel, (Rows(),), row_argnums=(0, 1), implementation=implementation, aliases=((0, 0),))",
+        "0",
+        "(1)",
+    ): _DEAD_OPERAND_BUFFER,
+    (
+        "liger_jax/ops/relu_squared.py",
+        "return _flat_launch(kernels.relu_squared_bwd, implementation, (dy, x), aliases={0: 0})",
+        "0",
+        "(1)",
+    ): _DEAD_OPERAND_BUFFER,
+    **{
+        (
+            "liger_jax/ops/relu_squared.py",
+            'return vmap_over_rows(partitioned(backward, "..., ... -> ..."), row_argnums=(0, 1), reduces_rows=False)',
+            *change,
+        ): _LAX_MAP
+        for change in (("0", "(1)"), ("False", "(True)"))
+    },
+    **{
+        ("liger_jax/ops/fused_neighborhood_attention.py", context, "0", "(1)"): (
+            "keys have the queries' shape [batch, S, heads, dim]: either tensor's shape gives the same settings"
+        )
+        for context in (
+            "settings = _launch_settings(band, tensors[0].shape)",
+            "like = jax.ShapeDtypeStruct(tensors[0].shape, query.dtype)",
+        )
+    },
+    (
+        "liger_jax/ops/fused_neighborhood_attention.py",
+        "return vmap_over_rows(sharded, row_argnums=tuple(range(6)), reduces_rows=False)",
+        "6",
+        "(7)",
+    ): "a row argnum past the six operands names none: the rule only asks whether each operand's position is in it",
+    (
+        "liger_jax/ops/fused_neighborhood_attention.py",
+        "return vmap_over_rows(sharded, row_argnums=tuple(range(6)), reduces_rows=False)",
+        "False",
+        "(True)",
+    ): _LAX_MAP,
+    **{
+        (
+            "liger_jax/ops/group_norm.py",
+            "partitioned(launch, _BACKWARD_RULE, replicated=_WHOLE), row_argnums=(0, 1, 3, 4), reduces_rows=False",
+            *change,
+        ): _LAX_MAP
+        for change in (("0", "(1)"), ("1", "(2)"), ("3", "(4)"), ("4", "(5)"), ("False", "(True)"))
+    },
+    **{
+        (path, "one_tile=True,", "True", "(False)"): (
+            "the backward is built after the forward, whose launcher already refuses a block narrower than the row"
+        )
+        for path in ("liger_jax/ops/poly_norm.py", "liger_jax/ops/modulated_rms_norm.py")
+    },
+    **{
+        ("liger_jax/ops/modulated_rms_norm.py", "if modulated == x.ndim - 1:", "x.ndim - 1", replacement): (
+            "per-token modulation sent down the grouped path is groups of one row: the same sums"
+        )
+        for replacement in ("(x.ndim + 1)", "(x.ndim)")
+    },
+    ("liger_jax/ops/modulated_rms_norm.py", "(Rows(), ColumnSum(), Rows(like=3)),", "3", "(4)"): (
+        "dscale stored in fp32 (rstd's dtype) instead of scale's is rounded to scale's dtype once afterwards: the same "
+        "value"
     ),
-    (_RMS_NORM, "if not PARTIAL_BLOCKS:", "not PARTIAL_BLOCKS", "(PARTIAL_BLOCKS)"): _BARRIER,
+    (
+        _CE_ROWS,
+        "return vmap_over_rows(sharded, row_argnums=_row_argnums(settings, n_rows), reduces_rows=False)",
+        "False",
+        "(True)",
+    ): _LAX_MAP,
+    (_CE_ROWS, "operands = (labels, *weighted[:1])", "1", "(2)"): (
+        "the operand after the class weights (the z-loss's gradient scale) lands in the rest that _split_weighted "
+        "returns, which this launcher discards"
+    ),
+    (_CE_ROWS, "jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype),", "-1", "(1)"): _FLCE_ONLY,
+    **{
+        (
+            _CE_ROWS,
+            "row_argnums = (0, 1, 2, 4) if settings.weighted else (0, 1, 2)",
+            original,
+            f"({int(original) + 1})",
+        ): (_FLCE_ONLY)
+        for original in ("0", "1", "2", "4")
+    },
+    (_CE_ROWS, "return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=False)", "False", "(True)"): (
+        _FLCE_ONLY
+    ),
+    ("liger_jax/kernels/group_norm.py", "if n_tokens <= BLOCK_S:", "n_tokens <= BLOCK_S", "(n_tokens < BLOCK_S)"): (
+        "tokens that exactly fill one chunk take the two-pass path, which computes the same numbers"
+    ),
+    (
+        "liger_jax/kernels/group_norm.py",
+        "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
+        "0.0",
+        "(1.0)",
+    ): _FORWARD_MASKED_OR_ZERO_DY,
+    # The forward's first pass divides by the chunk's count of tokens (0 or below past the end): those are killed.
+    **{
+        (
+            "liger_jax/kernels/group_norm.py",
+            "for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):",
+            "n_tokens + BLOCK_S - 1",
+            replacement,
+        ): "an extra chunk of the backward's first pass lies wholly past n_tokens, masked off: it adds zeros"
+        for replacement in ("(n_tokens + BLOCK_S + 1)", "(n_tokens + BLOCK_S)")
+    },
 }
 
 
