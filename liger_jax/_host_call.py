@@ -113,9 +113,12 @@ def _run(out: int, operands, opaque: bytes, opaque_len: int, status: int) -> Non
     except BaseException:
         traceback.print_exc()
         for output in outputs:
-            output[...] = (
-                np.nan if jax.numpy.issubdtype(output.dtype, jax.numpy.inexact) else np.iinfo(output.dtype).max
-            )
+            output[...] = poison(output.dtype)
+
+
+def poison(dtype) -> float | int:
+    """The value a result no one wrote holds: NaN for a floating ``dtype`` (bfloat16 included), else its max."""
+    return np.nan if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else np.iinfo(dtype).max
 
 
 # The C function pointer XLA calls; a module global, so it outlives every executable.

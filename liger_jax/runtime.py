@@ -295,7 +295,7 @@ class _GuardedOutput:
         self._memory = np.full(2 * self.GUARD_BYTES + size * dtype.itemsize, self.GUARD_BYTE, np.uint8)
         body = self._memory[self.GUARD_BYTES : self.GUARD_BYTES + size * dtype.itemsize]
         self.array = body.view(dtype).reshape(shape.shape)
-        self.array[...] = np.nan if jax.numpy.issubdtype(dtype, jax.numpy.inexact) else np.iinfo(dtype).max
+        self.array[...] = _host_call.poison(dtype)
 
     def check_guards(self, kernel: Any, index: int) -> None:
         """Raises RuntimeError if the kernel wrote before or after this output."""

@@ -214,6 +214,7 @@ _DISTILLATION_EXTRA_BLOCK = (
 _DYT = "liger_jax/kernels/dyt.py"
 _POLY_NORM = "liger_jax/kernels/poly_norm.py"
 _MODULATED = "liger_jax/kernels/modulated_rms_norm.py"
+_GROUP_NORM = "liger_jax/kernels/group_norm.py"
 _FORWARD_MASKED_OR_ZERO_DY = (
     "in the forward a masked lane feeds only the masked store of y; in the backward it meets dy = 0 in every sum "
     "and its dx is not stored"
@@ -717,7 +718,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for path in (_RMS_NORM, _LAYER_NORM)
     },
     (
-        "liger_jax/kernels/group_norm.py",
+        _GROUP_NORM,
         "return channels, (local < GROUPS_PER_BLOCK * GROUP_SIZE) & (channels < n_channels)",
         "local < GROUPS_PER_BLOCK * GROUP_SIZE",
         "(local <= GROUPS_PER_BLOCK * GROUP_SIZE)",
@@ -727,7 +728,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "it again; on the GPU a race, which no CPU test can order"
     ),
     **{
-        ("liger_jax/kernels/group_norm.py", context, *change): why
+        (_GROUP_NORM, context, *change): why
         for context, name in [
             (
                 "return tl.load(ptr + batch.to(tl.int64) * n_groups + groups, mask=groups < n_groups, other=0.0)",
@@ -834,11 +835,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_CE_ROWS, "return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=False)", "False", "(True)"): (
         _FLCE_ONLY
     ),
-    ("liger_jax/kernels/group_norm.py", "if n_tokens <= BLOCK_S:", "n_tokens <= BLOCK_S", "(n_tokens < BLOCK_S)"): (
+    (_GROUP_NORM, "if n_tokens <= BLOCK_S:", "n_tokens <= BLOCK_S", "(n_tokens < BLOCK_S)"): (
         "tokens that exactly fill one chunk take the two-pass path, which computes the same numbers"
     ),
     (
-        "liger_jax/kernels/group_norm.py",
+        _GROUP_NORM,
         "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)",
         "0.0",
         "(1.0)",
@@ -846,7 +847,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     # The forward's first pass divides by the chunk's count of tokens (0 or below past the end): those are killed.
     **{
         (
-            "liger_jax/kernels/group_norm.py",
+            _GROUP_NORM,
             "for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):",
             "n_tokens + BLOCK_S - 1",
             replacement,

@@ -36,7 +36,8 @@ def heavy_row_override(n_cols: int, *, reduces_rows: bool, one_tile: bool = Fals
             f"this kernel keeps a row in one tile: a tiling override's block_d={override.block_d} is narrower than "
             f"its {n_cols} columns"
         )
-    if override.block_rows is None and _tiling.row_tiling(n_cols, override=override).block_d >= ONE_ROW_TILE_COLS:
+    block_d = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override).block_d
+    if override.block_rows is None and block_d >= ONE_ROW_TILE_COLS:
         override = dataclasses.replace(override, block_rows=1)
     if override.num_warps is not None:
         return override
