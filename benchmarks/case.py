@@ -39,6 +39,11 @@ class Case:
             head's logits). ``full`` mode donates them and feeds each call's gradients for them to the next call
             as its inputs, so an op may overwrite them in place, as it may in training (and as Liger's torch ops
             do), without the copy a live program input would force.
+        cotangent_is_residual: the backward keeps the forward's output as its residual and may write dx over dy
+            (softmax, sparsemax). ``full`` mode then draws the cotangent as a separate input, donated, and feeds
+            each call's gradient of the first differentiated arg (the output's shape) to the next call as its
+            cotangent: with the output itself as the cotangent, dy and the residual would be one buffer, which the
+            in-place backward makes XLA copy first; in training dy is the next layer's fresh gradient.
     """
 
     op: str
@@ -51,6 +56,7 @@ class Case:
     flops: Mapping[str, float]
     torch_program: Callable[[], TorchProgram] | None = None
     dead_argnums: tuple[int, ...] = ()
+    cotangent_is_residual: bool = False
 
     @property
     def shape(self) -> str:

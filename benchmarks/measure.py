@@ -39,7 +39,9 @@ def mode_program(case: Case, provider: str, mode: str) -> tuple[Callable, Callab
 
     The draws are jitted, so XLA fuses them with their casts and no fp32 temporaries reach memory.
     """
-    body, prepare = modes.program(case.providers[provider], case.diff_argnums, mode)
+    body, prepare = modes.program(
+        case.providers[provider], case.diff_argnums, mode, draw_cotangent=case.cotangent_is_residual
+    )
     draw_inputs = _input_draws(case.make_inputs)
 
     def make(key):
@@ -66,29 +68,41 @@ def _compile_both(single: jax.stages.Lowered, copies: jax.stages.Lowered | None)
 def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
     """Times ``provider`` on ``case`` in ``mode`` and returns the row (timing, throughput, floor, memory)."""
     body, make = mode_program(case, provider, mode)
-    recycled = mode == "full" and bool(case.dead_argnums)
+    recycled = mode == "full" and (bool(case.dead_argnums) or case.cotangent_is_residual)
     if recycled:
-        body = modes.recycling(body, case.diff_argnums, case.dead_argnums)
-    timed = jax.jit(modes.over_copies(body), donate_argnums=0 if recycled else ())
+        split, body = modes.recycling(
+            body, case.diff_argnums, case.dead_argnums, cotangent_from_gradient=case.cotangent_is_residual
+        )
+        make = functools.partial(_split_draw, make, split)
+    timed = jax.jit(modes.over_copies(body), donate_argnums=1 if recycled else ())
     first = make(jax.random.key(0))
     count = copies_for(memory.tree_bytes(first), smoke)
-    copies = [first] + [make(jax.random.key(seed)) for seed in range(1, count)]
-    single, compiled = _compile_both(timed.lower([first]), None if count == 1 else timed.lower(copies))
+    columns = _columns([first] + [make(jax.random.key(seed)) for seed in range(1, count)])
+    single, compiled = _compile_both(timed.lower(*_columns([first])), None if count == 1 else timed.lower(*columns))
     row = memory.compiled_memory(single)
 
     def run_batch(calls: int) -> float:
-        nonlocal copies
         start = time.perf_counter()
         for _ in range(calls):
-            out = compiled(copies)
+            out = compiled(*columns)
             if recycled:
-                copies = [following for _, following in out]
+                columns[1] = [donated for donated, _ in out]
         jax.block_until_ready(out)
         return time.perf_counter() - start
 
     timing = time_batches(run_batch, policy, ops_per_call=count)
     row.update(copies=count)
     return timing_row(case, provider, mode, timing) | row
+
+
+def _split_draw(make: Callable, split: Callable, key: Any) -> tuple:
+    """One input set drawn by ``make`` and parted by ``split`` into (kept, donated)."""
+    return split(*make(key))
+
+
+def _columns(copies: list[tuple]) -> list[list]:
+    """The copies' k-th inputs, one list per k, as :func:`modes.over_copies` takes them."""
+    return [list(column) for column in zip(*copies, strict=True)]
 
 
 def timing_row(case: Case, provider: str, mode: str, timing: Timing) -> dict[str, Any]:

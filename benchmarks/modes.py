@@ -16,50 +16,75 @@ import jax.numpy as jnp
 from benchmarks import draws
 
 
-def program(fn: Callable[..., Any], diff_argnums: Sequence[int], mode: str) -> tuple[Callable, Callable]:
-    """``(body, prepare)`` for ``mode`` in ``("forward", "backward", "full")``, differentiating ``diff_argnums``."""
+def program(
+    fn: Callable[..., Any], diff_argnums: Sequence[int], mode: str, *, draw_cotangent: bool = False
+) -> tuple[Callable, Callable]:
+    """``(body, prepare)`` for ``mode`` in ``("forward", "backward", "full")``, differentiating ``diff_argnums``.
+
+    ``draw_cotangent``: ``full`` mode draws a cotangent for a non-scalar output too, rather than handing the
+    forward's output back as one (see ``Case.cotangent_is_residual``).
+    """
     match mode:
         case "forward":
             return fn, lambda args, key: tuple(args)
         case "backward":
             return _backward(fn, tuple(diff_argnums))
         case "full":
-            return _full(fn, tuple(diff_argnums))
+            return _full(fn, tuple(diff_argnums), draw_cotangent)
         case _:
             raise ValueError(f"mode must be forward, backward or full, got {mode!r}")
 
 
-def recycling(body: Callable[..., Any], diff_argnums: Sequence[int], dead_argnums: Sequence[int]) -> Callable:
-    """A ``full``-mode ``body`` (scalar cotangent) that also returns its next inputs: ``(result, (args, cotangent))``.
+def recycling(
+    body: Callable[..., Any],
+    diff_argnums: Sequence[int],
+    dead_argnums: Sequence[int],
+    *,
+    cotangent_from_gradient: bool = False,
+) -> tuple[Callable, Callable]:
+    """``(split, run)``: a ``full``-mode ``body`` (drawn cotangent) as a program that returns its next donated inputs.
 
-    The next args are these with each of ``dead_argnums`` replaced by its gradient (same shape and dtype), so a
-    program that donates its inputs can run again on its own outputs. ``result`` holds the forward's output and
-    the other gradients, which keeps their computation alive.
+    ``split(args, cotangent) -> (kept, donated)`` parts one input set: ``donated`` holds the ``dead_argnums`` args
+    and the cotangent, ``kept`` the other args (None in the dead places). ``run(kept, donated) -> (donated',
+    result)`` runs ``body``; ``donated'`` is the next call's ``donated``: each dead arg replaced by its gradient (same
+    shape and dtype) and, with ``cotangent_from_gradient``, the cotangent by the first differentiated arg's gradient
+    (the output's shape and dtype). A program that donates only ``donated`` can so run again on its own outputs while
+    the kept args stay live inputs, never copied. ``donated'`` comes first among the outputs: JAX gives a donated
+    buffer to the first output of its shape, which must be its own replacement. ``result`` holds the forward's
+    output and the other gradients, which keeps their computation alive.
     """
     positions = [list(diff_argnums).index(argnum) for argnum in dead_argnums]
+    recycled = {*positions, 0} if cotangent_from_gradient else set(positions)
 
-    def run(args, cotangent):
-        out, grads = body(args, cotangent)
-        following = list(args)
-        for argnum, position in zip(dead_argnums, positions, strict=True):
-            following[argnum] = grads[position]
-        kept = tuple(grad for position, grad in enumerate(grads) if position not in positions)
-        return (out, kept), (tuple(following), cotangent)
+    def split(args, cotangent):
+        kept = tuple(None if argnum in dead_argnums else arg for argnum, arg in enumerate(args))
+        return kept, (tuple(args[argnum] for argnum in dead_argnums), cotangent)
 
-    return run
+    def run(kept, donated):
+        dead, cotangent = donated
+        args = list(kept)
+        for argnum, arg in zip(dead_argnums, dead, strict=True):
+            args[argnum] = arg
+        out, grads = body(tuple(args), cotangent)
+        following = tuple(grads[position] for position in positions)
+        result = (out, tuple(grad for position, grad in enumerate(grads) if position not in recycled))
+        return (following, grads[0] if cotangent_from_gradient else cotangent), result
+
+    return split, run
 
 
-def over_copies(body: Callable[..., Any]) -> Callable[[list], list]:
-    """``body`` applied to each input copy in turn, inside one program.
+def over_copies(body: Callable[..., Any]) -> Callable[..., list]:
+    """``body`` applied to each input copy in turn, inside one program: ``run(*columns)``, column k the list of
+    every copy's k-th input (so a jit can donate one input of every copy).
 
     One call then runs the op once per copy, so host dispatch is paid once per several ops and no copy's inputs
     are still in L2 when it is read. An optimization barrier makes each application wait for the previous one:
     XLA can neither fuse the copies into one wider kernel nor run them concurrently, as in a real model.
     """
 
-    def run(copies: list) -> list:
+    def run(*columns: list) -> list:
         outputs, previous = [], None
-        for inputs in copies:
+        for inputs in zip(*columns, strict=True):
             if previous is not None:
                 inputs, previous = jax.lax.optimization_barrier((inputs, previous))
             previous = body(*inputs)
@@ -91,7 +116,7 @@ def _vjp(fn, args, diff_argnums):
     return jax.vjp(of_differentiated, *(args[i] for i in diff_argnums))
 
 
-def _full(fn, diff_argnums):
+def _full(fn, diff_argnums, draw_cotangent):
     def body(args, cotangent):
         out, pullback = _vjp(fn, args, diff_argnums)
         # As in training, the cotangent exists only once the forward's output does, so the two passes cannot
@@ -107,7 +132,7 @@ def _full(fn, diff_argnums):
 
     def prepare(args, key):
         scalar = all(leaf.ndim == 0 for leaf in jax.tree.leaves(jax.eval_shape(fn, *args)))
-        return tuple(args), cotangent_like(fn, args, key) if scalar else None
+        return tuple(args), cotangent_like(fn, args, key) if scalar or draw_cotangent else None
 
     return body, prepare
 

@@ -153,7 +153,7 @@ def tilings(op: str, params: Params) -> Callable[[TilingOverride | None], tuple[
         case "group":
             return functools.partial(_group_tilings, params)
         case _:
-            describe = functools.partial(_row_tiling, _row_length(params), family == "heavy")
+            describe = functools.partial(_row_tiling, op, _row_length(params), family == "heavy")
             return lambda override: (describe(override, False), describe(override, prefetches))
 
 
@@ -167,12 +167,12 @@ def _describe(t: RowTiling, n_cols: int, reduces_rows: bool) -> str:
     )
 
 
-def _row_tiling(n_cols: int, heavy: bool, override: TilingOverride | None, reduces_rows: bool) -> str:
+def _row_tiling(op: str, n_cols: int, heavy: bool, override: TilingOverride | None, reduces_rows: bool) -> str:
     from liger_jax.ops import _heavy_rows, _tiling
 
     if heavy:
         with tiling_sweep.forced(override):
-            override = _heavy_rows.heavy_row_override(n_cols, reduces_rows=reduces_rows)
+            override = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=reduces_rows)
     return _describe(_tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override), n_cols, reduces_rows)
 
 

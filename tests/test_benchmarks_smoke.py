@@ -595,3 +595,50 @@ def test_score_attention_cases_agree_with_xla_at_their_smoke_sizes(name):
                 for provider in ("liger_jax", "xla")
             )
             harness.assert_close_trees(kernel_grads, xla_grads, jnp.float32)
+
+
+def test_an_output_residual_op_gets_its_own_donated_cotangent_fed_from_its_gradient():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks import measure, modes
+
+    case = build_case("softmax", {"tokens": 3, "cols": 5}, "float32")
+    assert case.cotangent_is_residual
+    body, make = measure.mode_program(case, "xla", "full")
+    args, cotangent = make(jax.random.key(0))
+    assert cotangent.shape == (3, 5)  # drawn, not the forward's output
+    split, run_once = modes.recycling(body, case.diff_argnums, case.dead_argnums, cotangent_from_gradient=True)
+    kept, donated = split(args, cotangent)
+    [x] = args
+    assert kept == (x,) and donated == ((), cotangent)  # only the cotangent is donated
+    (dead, next_cotangent), (y, other_gradients) = run_once(kept, donated)
+    expected_y, pullback = jax.vjp(jax.nn.softmax, x)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6)
+    np.testing.assert_allclose(next_cotangent, pullback(cotangent)[0], rtol=1e-5, atol=1e-7)
+    assert dead == () and other_gradients == ()
+    assert not jnp.array_equal(next_cotangent, cotangent)
+
+
+def test_a_loss_with_dead_logits_donates_them_and_the_cotangent_and_keeps_the_labels():
+    import jax
+
+    from benchmarks import measure, modes
+
+    case = build_case("cross_entropy", OPS["cross_entropy"].smoke[0][0], "float32")
+    body, make = measure.mode_program(case, "xla", "full")
+    args, cotangent = make(jax.random.key(0))
+    split, run_once = modes.recycling(body, case.diff_argnums, case.dead_argnums)
+    kept, donated = split(args, cotangent)
+    assert kept[0] is None and kept[1] is args[1] and donated == ((args[0],), cotangent)
+    (dead, same_cotangent), _ = run_once(kept, donated)
+    assert dead[0].shape == args[0].shape and same_cotangent is cotangent
+
+
+def test_kernel_times_runs_every_tiling_of_a_case(capsys):
+    from benchmarks import kernel_times
+
+    kernel_times.main(["softmax:tokens=8,cols=16", "--warps", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines] == ["rule", "r1/w2"]

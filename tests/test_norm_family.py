@@ -114,15 +114,26 @@ def test_dyt_forced_tilings_match_float64_definition(shape, override):
 
 
 @pytest.mark.parametrize(
-    ("n_cols", "block_rows", "num_warps"), [(256, 8, 8), (1000, 1, 4), (1024, 1, 4), (8192, 1, 32)]
+    ("op", "n_cols", "block_rows", "num_warps"),
+    [
+        ("dyt", 256, 8, 8),
+        ("dyt", 1000, 1, 4),
+        ("dyt", 1024, 1, 4),
+        ("dyt", 8192, 1, 32),
+        ("poly_norm", 1024, 1, 2),
+        ("poly_norm", 4096, 1, 4),
+        ("poly_norm", 16384, 1, 16),
+        ("modulated_rms_norm", 8192, 1, 8),
+        ("modulated_rms_norm", 16384, 1, 32),
+    ],
 )
-def test_heavy_rows_get_a_tile_each_from_1024_columns(n_cols, block_rows, num_warps):
-    # 8 elements a thread; below 1024 columns the row rule's tiles of several rows, which an override keeps.
-    override = _heavy_rows.heavy_row_override(n_cols, reduces_rows=True)
+def test_heavy_rows_get_a_tile_each_from_1024_columns(op, n_cols, block_rows, num_warps):
+    # Each op's elements a thread; below 1024 columns the row rule's tiles of several rows, which an override keeps.
+    override = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True)
     tiling = _tiling.row_tiling(n_cols, reduces_rows=True, override=override)
     assert (tiling.block_rows, tiling.num_warps) == (block_rows, num_warps)
     with _tiling.overridden(_tiling.TilingOverride(block_rows=2)):
-        assert _heavy_rows.heavy_row_override(n_cols, reduces_rows=True).block_rows == 2
+        assert _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True).block_rows == 2
 
 
 @pytest.mark.parametrize("op", ["poly_norm", "modulated_rms_norm"])

@@ -20,8 +20,9 @@ ROW_SWEEPS = {
 ROW_SMOKE = [({"tokens": 37, "cols": 96}, "float32"), ({"tokens": 64, "cols": 128}, "bfloat16")]
 
 
-def _activation_case(op: str, torch_name: str, width: str):
-    """A builder for ``op(x)`` with x of shape ``(tokens, params[width])``; Liger's ``functional.<torch_name>``."""
+def _activation_case(op: str, torch_name: str, width: str, cotangent_is_residual: bool = False):
+    """A builder for ``op(x)`` with x of shape ``(tokens, params[width])``; Liger's ``functional.<torch_name>``
+    (``cotangent_is_residual`` as :class:`Case`'s)."""
 
     def build(params, dtype: str) -> Case:
         shape = (params["tokens"], params[width])
@@ -42,6 +43,7 @@ def _activation_case(op: str, torch_name: str, width: str):
             {"forward": 2 * activations, "backward": 3 * activations, "full": 5 * activations},
             {"forward": 0.0, "backward": 0.0, "full": 0.0},
             torch_program,
+            cotangent_is_residual=cotangent_is_residual,
         )
 
     return build
@@ -49,8 +51,8 @@ def _activation_case(op: str, torch_name: str, width: str):
 
 ROW_TARGETS = [({"tokens": TOKENS, "cols": COLS}, "bfloat16"), ({"tokens": 4096, "cols": 32768}, "bfloat16")]
 OPS = [
-    Op("softmax", _activation_case("softmax", "liger_softmax", "cols"), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
-    Op("sparsemax", _activation_case("sparsemax", "liger_sparsemax", "cols"), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
+    Op("softmax", _activation_case("softmax", "liger_softmax", "cols", True), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
+    Op("sparsemax", _activation_case("sparsemax", "liger_sparsemax", "cols", True), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
     Op(
         "relu_squared",
         _activation_case("relu_squared", "liger_relu_squared", "intermediate"),

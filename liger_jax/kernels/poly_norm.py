@@ -11,19 +11,7 @@ rows longer than ``liger_jax.ops._tiling.MAX_BACKWARD_TILE_COLS``).
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import row_block, tile
-
-
-# The row sums [BLOCK_ROWS] of four fp32 tiles as one reduction of their [BLOCK_ROWS, BLOCK_D, 2, 2] stack (the
-# stacked axes stay within each thread): one exchange between the warps, and its barriers, rather than one per sum
-# (ptxas, sm_90: 8 → 2 barriers forward, 11 → 2 backward, at D = 4096).
-@triton.jit
-def _row_sums4(u0, u1, u2, u3):
-    sums = tl.sum(tl.join(tl.join(u0, u1), tl.join(u2, u3)), axis=1)
-    low, high = tl.split(sums)
-    s0, s1 = tl.split(low)
-    s2, s3 = tl.split(high)
-    return s0, s1, s2, s3
+from liger_jax.kernels._rows import row_block, row_sums4, tile
 
 
 @triton.jit
@@ -56,7 +44,7 @@ def poly_norm_fwd(
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x2 = x * x
     x3 = x2 * x
-    squares3, squares2, squares1, _ = _row_sums4(x3 * x3, x2 * x2, x * x, x)
+    squares3, squares2, squares1, _ = row_sums4(x3 * x3, x2 * x2, x * x, x)
     rstd3, rstd2, rstd1 = _rstd(squares3, n_cols, eps), _rstd(squares2, n_cols, eps), _rstd(squares1, n_cols, eps)
     w0 = tl.load(w0_ptr).to(tl.float32)
     w1 = tl.load(w1_ptr).to(tl.float32)
@@ -105,7 +93,7 @@ def poly_norm_bwd(
     w2 = tl.load(w2_ptr).to(tl.float32)
     x2 = x * x
     x3 = x2 * x
-    s3, s2, s1, s0 = _row_sums4(dy * x3, dy * x2, dy * x, dy)
+    s3, s2, s1, s0 = row_sums4(dy * x3, dy * x2, dy * x, dy)
     # The correction terms' per-row factors: w_p · (p / D) · rstd_p³ · S_p.
     c3 = w0 * (3.0 / n_cols) * rstd3 * rstd3 * rstd3 * s3
     c2 = w1 * (2.0 / n_cols) * rstd2 * rstd2 * rstd2 * s2

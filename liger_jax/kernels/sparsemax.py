@@ -21,14 +21,15 @@ import triton
 import triton.language as tl
 
 from liger_jax.kernels._row_maps import fold_logit_blocks, load_logits, map_pair_rows, store_logit_blocks
-from liger_jax.kernels._rows import row_block
+from liger_jax.kernels._rows import row_block, row_sums2
 
 
 @triton.jit
 def _support(x, tau):
-    """Per row of the fp32 tile ``x``: |{x > τ}| (int32) and Σ_{x > τ} x (fp32)."""
+    """Per row of the fp32 tile ``x``: |{x > τ}| and Σ_{x > τ} x, both fp32 (a count is exact below 2^24), summed
+    in one reduction."""
     support = x > tau[:, None]
-    return tl.sum(support.to(tl.int32), axis=1), tl.sum(tl.where(support, x, 0.0), axis=1)
+    return row_sums2(support.to(tl.float32), tl.where(support, x, 0.0))
 
 
 @triton.jit
@@ -47,7 +48,7 @@ def _add_max(row_max, unused, x, _):
 @triton.jit
 def _threshold(count, total):
     """The next τ from the current support's size and sum."""
-    return (total - 1.0) / count.to(tl.float32)
+    return (total - 1.0) / count
 
 
 @triton.jit
@@ -76,7 +77,6 @@ def sparsemax_fwd(
     """y = max(x - τ, 0) for BLOCK_ROWS rows, τ found by the support iteration, in one tile or in column blocks."""
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
     zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
-    no_support = tl.zeros((BLOCK_ROWS,), tl.int32)
     if n_cols <= BLOCK_D:
         offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
         tau = tl.max(x, axis=1) - 1.0
@@ -93,13 +93,13 @@ def sparsemax_fwd(
         row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
         tau = row_max - 1.0
         count, total = fold_logit_blocks(
-            x_ptr, rows, no_support, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+            x_ptr, rows, zeros, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
         )
         shrinking = True
         while shrinking:
             tau = _threshold(count, total)
             new_count, total = fold_logit_blocks(
-                x_ptr, rows, no_support, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+                x_ptr, rows, zeros, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
             )
             shrinking = _any_shrank(new_count, count)
             count = new_count
@@ -110,7 +110,8 @@ def sparsemax_fwd(
 def _add_support_sums(count, total, dy, y):
     """The running |S| and Σ_S dy, fp32, after a tile, with S = {y > 0} (masked elements read y = 0)."""
     support = y > 0.0
-    return count + tl.sum(support.to(tl.float32), axis=1), total + tl.sum(tl.where(support, dy, 0.0), axis=1)
+    block_count, block_total = row_sums2(support.to(tl.float32), tl.where(support, dy, 0.0))
+    return count + block_count, total + block_total
 
 
 @triton.jit

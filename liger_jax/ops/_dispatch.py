@@ -46,9 +46,10 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     # fwd+bwd; benchmarks/rows/2026-12-04d/sweeps.jsonl). GroupNorm: 3.78x XLA at 2.1M elements and 1.30x at 8.4M
     # with 512 channels, but 0.82x at 8.4M with 128 channels (16 × 4096 × 128) and 1.03-1.67x from 16.8M.
     "group_norm": 2**24,  # x: batch × positions × channels
-    # DyT 1.13x and PolyNorm 1.09x at 2048 × 768 (1.6M elements), 1.7-2.0x at 2048 × 4096.
+    # DyT 1.11-1.65x at 2048 × 768 (1.6M elements) over three runs, 1.7-2.2x at 2048 × 4096. PolyNorm 0.93-1.09x
+    # at 2048 × 768 over three runs (break-even; rows/2026-12-04e), 1.6-1.8x at 2048 × 4096 (8.4M).
     "dyt": 2**20,  # x: rows × D
-    "poly_norm": 2**20,  # x: rows × D
+    "poly_norm": 2**21,  # x: rows × D
     # Modulated RMSNorm: not measured under 16.8M (1.05-2.68x from there up to D = 8192): the row norms' entry.
     "modulated_rms_norm": 2**24,  # x: rows × D
     # Softmax 0.94x at 2048 × 768, 2.0x at 2048 × 4096 (8.4M); sparsemax 12.6x at 2048 × 768 (XLA sorts each row).

@@ -1,28 +1,48 @@
 """Warps for row kernels that hold several fp32 tensors per tile (DyT's, PolyNorm's and modulated RMSNorm's).
 
 :func:`liger_jax.ops._tiling.row_tiling` gives the RMSNorm/LayerNorm kernels 16-32 elements of a tile per thread.
-These kernels keep more of a tile live at once (x, dy, tanh or three powers of x, the modulation, fp32 column sums):
-ptxas (sm_90, bf16, Triton 3.6) gives their backward 166-255 registers a thread at that density and spills at
-D = 8192 and 16384; at 8 elements a thread they take 54-128 registers and spill nothing up to D = 8192.
+These kernels get warps by a density of their own (:func:`elements_per_thread`), measured on the H200 (bf16
+fwd+bwd, device time of each kernel, one-row tiles at 2-32 warps, D = 1024-16384; RESULTS.md, fifth session):
+
+* DyT: 8 elements a thread (its backward keeps x, dy, tanh and two [D] fp32 column sums live): 32 ran it 1.24x
+  slower at D = 4096, and from D = 8192 its backward at 2-4 warps 10-60x slower.
+* PolyNorm: 32, which ran it 1.08-1.25x faster than 8 at every D from 1024 to 16384.
+* modulated RMSNorm: 32 up to D = 8192 (1.11-1.29x faster than 8 at 2048-8192, 6% slower at 1024); past it 8, as
+  its grouped backward keeps three [D] fp32 partial sums a program (at D = 16384, 16 warps ran 2.0x slower than 32).
 """
 
 import dataclasses
 
 from liger_jax.ops import _rows, _tiling
 
-ELEMENTS_PER_THREAD = 8
 THREADS_PER_WARP = 32
-MIN_WARPS = 4
+MIN_WARPS = 2
 # Rows at least this long get a tile each. Measured on the H200 (bf16 fwd+bwd, benchmarks.row_tiling --shape
 # hidden=1024): at 1024 columns two-row tiles at 8 warps ran DyT (16384 rows) in 0.227 ms (0.62x XLA) and modulated
 # RMSNorm (4 × 4096 rows) in 0.319 ms (1.11x), one-row tiles at 4 warps in 0.078 ms (1.81x) and 0.088 ms (4.06x).
 ONE_ROW_TILE_COLS = 1024
+# Past this width modulated RMSNorm's backward keeps its partial sums in registers only at the sparse density.
+MODULATED_DENSE_MAX_COLS = 8192
 
 
-def heavy_row_override(n_cols: int, *, reduces_rows: bool, one_tile: bool = False) -> _tiling.TilingOverride:
+def elements_per_thread(op: str, n_cols: int) -> int:
+    """How many elements of a tile each thread of ``op``'s kernels holds (``"dyt"``, ``"poly_norm"`` or
+    ``"modulated_rms_norm"``) for rows of ``n_cols``."""
+    match op:
+        case "dyt":
+            return 8
+        case "poly_norm":
+            return 32
+        case "modulated_rms_norm":
+            return 32 if n_cols <= MODULATED_DENSE_MAX_COLS else 8
+        case _:
+            raise ValueError(f"no heavy-row density for op {op!r}")
+
+
+def heavy_row_override(op: str, n_cols: int, *, reduces_rows: bool, one_tile: bool = False) -> _tiling.TilingOverride:
     """The tiling override in force, with one row per tile from ONE_ROW_TILE_COLS columns and ``num_warps`` set
-    (unless the override sets them) so that a tile of rows of ``n_cols`` has ELEMENTS_PER_THREAD elements per thread
-    (between MIN_WARPS and ``_tiling.MAX_WARPS`` warps).
+    (unless the override sets them) so that a tile of rows of ``n_cols`` has :func:`elements_per_thread` of ``op``
+    elements per thread (between MIN_WARPS and ``_tiling.MAX_WARPS`` warps).
 
     :func:`heavy_row_launcher` builds launchers with it.
 
@@ -43,13 +63,14 @@ def heavy_row_override(n_cols: int, *, reduces_rows: bool, one_tile: bool = Fals
         return override
     tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
     tile = tiling.block_rows * tiling.block_d
-    warps = tile // (THREADS_PER_WARP * ELEMENTS_PER_THREAD)
+    warps = tile // (THREADS_PER_WARP * elements_per_thread(op, n_cols))
     return dataclasses.replace(override, num_warps=max(MIN_WARPS, min(_tiling.MAX_WARPS, warps)))
 
 
-def heavy_row_launcher(kernel, outputs, *, n_cols: int, one_tile: bool = False, **settings):
-    """:func:`liger_jax.ops._rows.row_launcher` for rows of ``n_cols`` with :func:`heavy_row_override`'s tiles and
-    warps (``one_tile`` for a kernel without a column-block path; ``settings`` as row_launcher's keywords)."""
+def heavy_row_launcher(kernel, outputs, *, op: str, n_cols: int, one_tile: bool = False, **settings):
+    """:func:`liger_jax.ops._rows.row_launcher` for ``op``'s rows of ``n_cols`` with :func:`heavy_row_override`'s
+    tiles and warps (``one_tile`` for a kernel without a column-block path; ``settings`` as row_launcher's
+    keywords)."""
     reduces_rows = any(isinstance(spec, _rows.ColumnSum) for spec in outputs)
-    with _tiling.overridden(heavy_row_override(n_cols, reduces_rows=reduces_rows, one_tile=one_tile)):
+    with _tiling.overridden(heavy_row_override(op, n_cols, reduces_rows=reduces_rows, one_tile=one_tile)):
         return _rows.row_launcher(kernel, outputs, **settings)

@@ -42,7 +42,7 @@ def grouped_backward(implementation: runtime.Implementation, **constexprs):
 def _tiling_for(n_cols: int, override: _tiling.TilingOverride | None, reduces_rows: bool) -> _tiling.RowTiling:
     """``ops._heavy_rows``' tiling of rows of ``n_cols`` under ``override``."""
     with _tiling.overridden(override or _tiling.TilingOverride()):
-        heavy = heavy_row_override(n_cols, reduces_rows=reduces_rows, one_tile=True)
+        heavy = heavy_row_override("modulated_rms_norm", n_cols, reduces_rows=reduces_rows, one_tile=True)
     return _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=heavy)
 
 

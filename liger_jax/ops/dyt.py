@@ -107,7 +107,7 @@ def _forward(implementation, n_cols):
     from liger_jax.kernels import dyt as kernels
 
     return heavy_row_launcher(
-        kernels.dyt_fwd, (Rows(),), n_cols=n_cols, row_argnums=(0,), implementation=implementation
+        kernels.dyt_fwd, (Rows(),), op="dyt", n_cols=n_cols, row_argnums=(0,), implementation=implementation
     )
 
 
@@ -118,6 +118,7 @@ def _backward(implementation, n_cols):
     return heavy_row_launcher(
         kernels.dyt_bwd,
         (Rows(), ColumnSum(), ColumnSum(), RowStats()),
+        op="dyt",
         n_cols=n_cols,
         row_argnums=(0, 1),
         implementation=implementation,

@@ -162,6 +162,7 @@ def _modulated_rms_norm_bwd(epsilon, offset, casting_mode, implementation, modul
         backward = heavy_row_launcher(
             kernels.modulated_rms_norm_bwd_per_row,
             (Rows(), ColumnSum(), Rows(like=3)),
+            op="modulated_rms_norm",
             n_cols=x.shape[-1],
             one_tile=True,
             row_argnums=(0, 1, 3, 4),
@@ -207,6 +208,7 @@ def _forward(x, weight, scale, shift, epsilon, offset, casting_mode, implementat
         forward = heavy_row_launcher(
             kernels.modulated_rms_norm_fwd,
             (Rows(), RowStats()),
+            op="modulated_rms_norm",
             n_cols=x.shape[-1],
             one_tile=True,
             row_argnums=(0, 2, 3),

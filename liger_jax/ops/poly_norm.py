@@ -112,6 +112,7 @@ def _forward(epsilon, implementation, n_cols):
     return heavy_row_launcher(
         kernels.poly_norm_fwd,
         (Rows(), RowStats(), RowStats(), RowStats()),
+        op="poly_norm",
         n_cols=n_cols,
         one_tile=True,
         row_argnums=(0,),
@@ -127,6 +128,7 @@ def _backward(implementation, n_cols):
     return heavy_row_launcher(
         kernels.poly_norm_bwd,
         (Rows(), RowStats(), RowStats(), RowStats(), RowStats()),
+        op="poly_norm",
         n_cols=n_cols,
         one_tile=True,
         row_argnums=(0, 1, 5, 6, 7),

@@ -1,0 +1,75 @@
+"""Device time of each kernel of an op's fwd+bwd under forced warps, from a profiler trace (on a GPU):
+
+    python -m benchmarks.kernel_times poly_norm:tokens=16384,hidden=4096 --warps 2 4 8 16 32
+
+Where ``benchmarks.row_tiling`` times whole programs, this splits one into its kernels (the forward's, the
+backward's, XLA's sums of partials), so a tiling that helps one kernel and hurts the other shows. Each case runs the
+op's liger_jax provider under its tiling rule, then with one-row tiles at each of ``--warps`` forced through
+``liger_jax.ops._tiling.overridden``; the cotangent is a separate input, as a next layer's gradient is. Prints one
+line per (case, tiling): the device's busy time per step and each kernel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+STEPS = 15
+WARM_UP = 3
+
+
+def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str, float]]]:
+    """``(busy ms, [(kernel, ms)])`` per fwd+bwd step of ``op`` at ``params`` in bf16 under ``override`` (None:
+    the rule)."""
+    import jax
+
+    from benchmarks import measure, modes, trace_summary
+    from benchmarks.cases import build_case
+    from liger_jax.ops import _tiling
+
+    case = build_case(op, params, "bfloat16")
+    body, prepare = modes.program(case.providers["liger_jax"], case.diff_argnums, "full", draw_cotangent=True)
+    args = measure.mode_program(case, "liger_jax", "forward")[1](jax.random.key(0))
+    inputs = prepare(args, jax.random.key(1))
+    # A fresh function per tiling: jit's trace cache is keyed on the function, and the tiling is read when tracing.
+    with _tiling.overridden(override) if override else contextlib.nullcontext():
+        step = jax.jit(lambda *inputs: body(*inputs))
+        for _ in range(WARM_UP):
+            jax.block_until_ready(step(*inputs))
+    log_dir = Path(tempfile.mkdtemp())
+    with jax.profiler.trace(str(log_dir)):
+        for _ in range(STEPS):
+            out = step(*inputs)
+        jax.block_until_ready(out)
+    summary = trace_summary.summarise(trace_summary.trace_file(log_dir), STEPS, top=8)
+    return summary["device_busy_ms"], [(name, ms) for name, ms, _ in summary["device_top"]]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry point."""
+    from benchmarks import providers
+
+    providers.prepare_process()
+    from benchmarks.case import parse_shape
+    from liger_jax.ops import _tiling
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="+", help="OP:SHAPE, e.g. dyt:tokens=16384,hidden=4096")
+    parser.add_argument("--warps", type=int, nargs="*", default=[2, 4, 8, 16, 32])
+    args = parser.parse_args(argv)
+    tilings = [("rule", None)] + [
+        (f"r1/w{warps}", _tiling.TilingOverride(block_rows=1, num_warps=warps)) for warps in args.warps
+    ]
+    for spec in args.cases:
+        op, shape = spec.split(":")
+        for label, override in tilings:
+            busy, kernels = kernel_times(op, parse_shape(shape), override)
+            listed = "  ".join(f"{name[:34]} {ms:.4f}" for name, ms in kernels if ms > 0.004)
+            print(f"{op:18s} {shape:38s} {label:8s} busy {busy:.4f}  {listed}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
