@@ -162,27 +162,50 @@ def test_return_z_loss_is_the_reduced_z_loss_without_its_own_gradient(implementa
     np.testing.assert_array_equal(z_loss_grad, 0.0)
 
 
+# Every option whose math reads the label (its weight, its logit for token scaling, the z-loss's gradient scale):
+# an out-of-range label must leave all of them out of its row's gradient.
+_LABEL_OPTIONS = {
+    "plain": {},
+    "weighted": {
+        "ce_weight": 0.5 + jnp.abs(harness.random_normal(17, (30,), jnp.float32)),
+        "label_smoothing": 0.1,
+        "z_loss_scale": 0.05,
+        "use_token_scaling": True,
+        "return_z_loss": True,
+    },
+}
+
+
+@pytest.mark.parametrize("options", list(_LABEL_OPTIONS))
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
-def test_traced_out_of_range_labels_give_nan_loss_and_zero_gradient(implementation):
+def test_traced_out_of_range_labels_give_nan_loss_and_zero_gradient(implementation, options):
+    kwargs = _LABEL_OPTIONS[options]
     logits, labels = _inputs(15, (8, 30), jnp.float32)
     labels = labels.at[1].set(30).at[2].set(-3).at[3].set(2**20)
 
+    def losses(logits, labels, implementation=implementation):  # labels traced: a concrete one out of range raises
+        out = liger_jax.cross_entropy(logits, labels, reduction="none", implementation=implementation, **kwargs)
+        return out if isinstance(out, tuple) else (out,)
+
     @jax.jit
     def losses_and_grads(logits, labels):
-        losses, pullback = jax.vjp(
-            lambda logits: liger_jax.cross_entropy(logits, labels, reduction="none", implementation=implementation),
-            logits,
-        )
-        return losses, pullback(jnp.ones_like(losses))[0]
+        out, pullback = jax.vjp(lambda logits: losses(logits, labels), logits)
+        return out, pullback((jnp.ones_like(out[0]), *(jnp.zeros_like(extra) for extra in out[1:])))[0]
 
-    loss, dlogits = losses_and_grads(logits, labels)
-    assert np.isnan(loss[1:4]).all()
+    out, dlogits = losses_and_grads(logits, labels)
+    for per_row in out:  # the loss, and the z-loss when asked
+        assert np.isnan(per_row[1:4]).all()
     np.testing.assert_array_equal(dlogits[1:4], 0.0)
     good = np.r_[0, 4:8]
-    expected = jax.jit(lambda logits: liger_jax.cross_entropy_reference(logits, labels, reduction="none"))(
-        jnp.asarray(logits, jnp.float64)
-    )
-    harness.assert_close(loss[good], expected[good], jnp.float32)
+
+    @jax.jit
+    def reference(logits, labels):
+        out = losses(logits, labels, "xla")
+        return out, jax.grad(lambda logits: losses(logits, labels, "xla")[0][good].sum())(logits)
+
+    expected, expected_grads = reference(jnp.asarray(logits, jnp.float64), labels)
+    harness.assert_close_trees([o[good] for o in out], [e[good] for e in expected], jnp.float32)
+    harness.assert_close(dlogits[good], expected_grads[good], jnp.float32)
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)

@@ -180,6 +180,14 @@ _LOGPROBS = "liger_jax/kernels/logprobs.py"
 _DISTILLATION = "liger_jax/kernels/distillation.py"
 _NEIGHBORHOOD = "liger_jax/kernels/neighborhood_attention.py"
 _UNSTORED_QUERY = "queries past the sequence are never stored: their row sums divide nothing kept"
+_CE_TARGET = (
+    "target = tl.load(logits_ptr + rows * n_cols + tl.where(in_range, labels, 0), mask=active & in_range, other=0.0)"
+)
+_CE_TARGET_UNUSED = (
+    "a row's target logit counts only when the row is active and its label in range: otherwise its loss and z-loss "
+    "are 0 or NaN and its gradient scales 0"
+)
+_CE_LABEL_WEIGHT = "weight = tl.load(class_weight_ptr + index, mask=active & in_range, other=0.0).to(tl.float32)"
 _ONLY_MINUS_INF = "any finite shift works while a row has seen only -inf: exp(-inf - shift) is 0 either way"
 _ONE_BLOCK_PATH = "a row of exactly BLOCK_D columns takes the column-block path, which computes the same numbers"
 _UNREAD_ARGUMENT = "the update it is passed to never reads its fourth argument (the row maps' common signature)"
@@ -262,6 +270,32 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): "rows that load no target store a zero or NaN loss whatever it is",
+    **{
+        (_CE, _CE_TARGET, original, replacement): _CE_TARGET_UNUSED
+        for original, replacement in (("0", "(1)"), ("active & in_range", "(active | in_range)"), ("0.0", "(1.0)"))
+    },
+    **{
+        (_CE, "weight = tl.zeros(active.shape, tl.float32) + 1.0", original, replacement): (
+            "without HAS_WEIGHT the label weight is never read: the losses and the gradient use it only with weights"
+        )
+        for original, replacement in (
+            ("tl.zeros(active.shape, tl.float32) + 1.0", "(tl.zeros(active.shape, tl.float32) - 1.0)"),
+            ("tl.zeros(active.shape, tl.float32) + 1.0", "(tl.zeros(active.shape, tl.float32))"),
+            ("tl.zeros(active.shape, tl.float32) + 1.0", "(1.0)"),
+            ("1.0", "(2.0)"),
+        )
+    },
+    (_CE, "index = tl.where(in_range, labels, 0)", "0", "(1)"): (
+        "the index of rows whose label is out of range, whose load is masked off"
+    ),
+    **{
+        (_CE, _CE_LABEL_WEIGHT, original, replacement): (
+            "a row that is ignored or whose label is out of range never uses its label weight: its loss is 0 or NaN "
+            "and its gradient scale 0"
+        )
+        for original, replacement in (("active & in_range", "(active | in_range)"), ("0.0", "(1.0)"))
+    },
+    (_CE, "z_scale = tl.load(z_grad_scale_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
     (_CE, "scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
     (_CE, "tanh = tl.where(col_mask, c / softcap, 0.0)", "0.0", "(1.0)"): _MASKED_FILL,
     (_CE, "lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,

@@ -20,8 +20,8 @@ a row's loss, z-loss and gradient by p_y (a constant, not differentiated). RETUR
 c (the first on ties; -1 for ignored rows). All switches are constexprs: off, they compile away.
 
 Rows whose label is ``ignore_index`` get loss 0, z-loss 0 and a zero gradient; their logits are never loaded. A label
-outside [0, V) gives a NaN loss and a zero gradient; the target logit is loaded under an in-range mask, so no label
-can make a kernel read out of bounds.
+outside [0, V) gives a NaN loss and z-loss and a zero gradient; the target logit is loaded under an in-range mask, so
+no label can make a kernel read out of bounds.
 """
 
 import triton
@@ -105,13 +105,19 @@ def _statistics(
         running_max = new_max
         if label_smoothing > 0:
             if HAS_WEIGHT:
-                w = tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+                w = _class_weights(class_weight_ptr, cols, n_cols)
                 total += tl.sum(tl.where(col_mask, c, 0.0) * w[None, :], axis=1)
                 weight_total += tl.sum(w)
             else:
                 total += tl.sum(tl.where(col_mask, c, 0.0), axis=1)
     target = _target_logit(logits_ptr, rows, labels, active, n_cols, softcap)
     return running_max + tl.log(running_sum), target, total, weight_total, argmax
+
+
+@triton.jit
+def _class_weights(class_weight_ptr, cols, n_cols):
+    """The fp32 class weights [BLOCK_V] of ``cols``, 0 past the row's end."""
+    return tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -151,7 +157,7 @@ def _row_losses(
     HAS_WEIGHT: tl.constexpr,
     TOKEN_SCALING: tl.constexpr,
 ):
-    """Per row (loss, z_loss): 0 for ignored rows, a NaN loss for a label outside [0, n_cols)."""
+    """Per row (loss, z_loss): 0 for ignored rows, NaN for a label outside [0, n_cols)."""
     z_loss = z_loss_scale * lse * lse
     if HAS_WEIGHT:
         loss = (1.0 - label_smoothing) * label_weight * (lse - target) + z_loss
@@ -165,7 +171,9 @@ def _row_losses(
         p_target = tl.exp(target - lse)
         loss *= p_target
         z_loss *= p_target
-    loss = tl.where(_label_in_range(labels, n_cols), loss, float("nan"))
+    in_range = _label_in_range(labels, n_cols)
+    loss = tl.where(in_range, loss, float("nan"))
+    z_loss = tl.where(in_range, z_loss, float("nan"))
     return tl.where(active, loss, 0.0), tl.where(active, z_loss, 0.0)
 
 
@@ -273,7 +281,7 @@ def _store_grads(
         if label_smoothing > 0:
             for block in range(NUM_V_BLOCKS):
                 cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
-                weight_total += tl.sum(tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32))
+                weight_total += tl.sum(_class_weights(class_weight_ptr, cols, n_cols))
     if TOKEN_SCALING:
         p_target = tl.exp(target - lse)
         scale *= p_target
@@ -288,7 +296,7 @@ def _store_grads(
             # The target's -1 joins p_y in fp32 before any rounding, as below.
             grad = (1.0 - label_smoothing) * label_weight[:, None] * (p - tl.where(is_target, 1.0, 0.0))
             if label_smoothing > 0:
-                w = tl.load(class_weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+                w = _class_weights(class_weight_ptr, cols, n_cols)
                 grad += (label_smoothing / n_cols) * (weight_total[:, None] * p - w[None, :])
             grad = grad * scale[:, None] + (2.0 * z_loss_scale * lse * z_scale)[:, None] * p
         else:

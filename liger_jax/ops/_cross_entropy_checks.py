@@ -88,8 +88,8 @@ def check_labels(labels: jax.Array, row_shape: Sequence[int], meaning: str, n_cl
     Raises:
         TypeError: labels are not integers.
         ValueError: labels do not have ``row_shape``, there are no classes, or a concrete label is outside
-            ``[0, n_classes)`` without being ``ignore_index``. (A traced out-of-range label gives a NaN loss and a
-            zero gradient instead; it never reads out of bounds.)
+            ``[0, n_classes)`` without being ``ignore_index``. (A traced out-of-range label gives a NaN loss and
+            z_loss and a zero gradient instead; it never reads out of bounds.)
     """
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         raise TypeError(f"labels must have an integer dtype, got {labels.dtype}")

@@ -67,8 +67,8 @@ def reference_row_losses(
     """Per-row ``(loss, z_loss)`` in plain jax.numpy, computed in ``promote(logits.dtype, float32)``, and with
     ``settings.return_argmax`` each row's int32 argmax of the (softcapped) logits, first on ties, -1 when ignored.
 
-    Ignored rows give 0 and 0; a label outside ``[0, V)`` (other than ``ignore_index``) gives a NaN loss whose
-    gradient is zero, as the kernels do. ``logits`` ``[..., V]``, ``labels`` ``[...]``, ``class_weight`` ``[V]``
+    Ignored rows give 0 and 0; a label outside ``[0, V)`` (other than ``ignore_index``) gives a NaN loss and z_loss
+    whose gradient is zero, as the kernels do. ``logits`` ``[..., V]``, ``labels`` ``[...]``, ``class_weight`` ``[V]``
     when ``settings.weighted``; the results ``[...]``.
     """
     compute = jnp.promote_types(logits.dtype, jnp.float32)
@@ -97,8 +97,7 @@ def reference_row_losses(
         p_target = jax.lax.stop_gradient(jnp.exp(target - lse))
         loss, z_loss = loss * p_target, z_loss * p_target
     ignored = labels == settings.ignore_index
-    loss = jnp.where(ignored, 0.0, jnp.where(in_range, loss, jnp.nan))
-    results = (loss, jnp.where(ignored, 0.0, z_loss))
+    results = tuple(jnp.where(ignored, 0.0, jnp.where(in_range, value, jnp.nan)) for value in (loss, z_loss))
     if settings.return_argmax:
         results += (jnp.where(ignored, -1, jnp.argmax(capped, axis=-1)).astype(jnp.int32),)
     return results

@@ -91,7 +91,8 @@ def cross_entropy(
         The loss, fp32 (float64 for float64 logits under ``"xla"``): a scalar, or ``[...]`` for ``"none"``. With
         any ``return_*`` flag, the tuple of the loss and, in this order, those requested of ``z_loss``,
         ``token_accuracy`` and ``predicted_tokens``. A traced label outside ``[0, V)`` (other than
-        ``ignore_index``) makes its row's loss NaN and its gradient zero; the kernels never read out of bounds.
+        ``ignore_index``) makes its row's loss and z_loss NaN and its gradient zero; the kernels never read out of
+        bounds.
 
     Raises:
         TypeError: logits or ce_weight are not floating point, labels are not integers, ignore_index is not an

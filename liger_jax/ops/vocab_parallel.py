@@ -17,7 +17,7 @@ statistics are all-reduced. Every loss option (class weights, token scaling, the
 
 The vocab-parallel loss is computed by XLA in fp32 (the Triton cross-entropy kernel needs whole rows); it matches
 :func:`liger_jax.cross_entropy`'s numerics and its gradient, with the same conventions: ignored rows give 0, a
-label outside ``[0, V)`` a NaN loss with zero gradient.
+label outside ``[0, V)`` a NaN loss (and z_loss) with zero gradient.
 """
 
 import functools
@@ -218,7 +218,7 @@ def _finished_losses(
         loss, z_loss = loss * token_scale, z_loss * token_scale
     ignored = labels == settings.ignore_index
     in_range = (labels >= 0) & (labels < n_classes)
-    values = (jnp.where(ignored, 0.0, jnp.where(in_range, loss, jnp.nan)), jnp.where(ignored, 0.0, z_loss))
+    values = tuple(jnp.where(ignored, 0.0, jnp.where(in_range, value, jnp.nan)) for value in (loss, z_loss))
     if settings.return_argmax:
         values += (_argmax(capped, labels, settings, axes),)
     return values, token_scale, weights
