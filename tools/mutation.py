@@ -109,6 +109,7 @@ TARGETS: dict[str, Target] = {
             "tests/test_layer_norm.py",
             "tests/test_fused_add_rms_norm.py",
             "tests/test_norm_family.py",
+            "tests/test_sparsemax.py",
             *_NOT_XLA,
         ),
     ),
@@ -285,6 +286,10 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
             ("1.0", "(2.0)"),
         )
     },
+    (_CE, "total += tl.sum(tl.where(col_mask, c, 0.0) * w[None, :], axis=1)", "0.0", "(1.0)"): (
+        "a masked column's class weight is 0 (past the row's end) and an inactive row's sum is never used (its loss "
+        "is stored as 0)"
+    ),
     (_CE, "index = tl.where(in_range, labels, 0)", "0", "(1)"): (
         "the index of rows whose label is out of range, whose load is masked off"
     ),

@@ -80,27 +80,65 @@ def reference_row_losses(
     in_range = (labels >= 0) & (labels < n_cols)
     safe_labels = jnp.where(in_range, labels, 0)
     target = jnp.take_along_axis(capped, safe_labels[..., None], axis=-1)[..., 0]
+    label_weight = smoothing_sum = None
+    if settings.weighted:
+        weight = class_weight.astype(compute)
+        label_weight = weight[safe_labels]
+        if settings.label_smoothing:
+            smoothing_sum = jnp.sum(jnp.broadcast_to(weight, capped.shape) * (lse[..., None] - capped), axis=-1)
+    elif settings.label_smoothing:
+        smoothing_sum = jnp.sum(capped, axis=-1)
+    results, _ = losses_from_statistics(lse, target, labels, n_cols, settings, smoothing_sum, label_weight)
+    if settings.return_argmax:
+        ignored = labels == settings.ignore_index
+        results += (jnp.where(ignored, -1, jnp.argmax(capped, axis=-1)).astype(jnp.int32),)
+    return results
+
+
+def losses_from_statistics(
+    lse: jax.Array,
+    target: jax.Array,
+    labels: jax.Array,
+    n_classes: int,
+    settings: LossSettings,
+    smoothing_sum: jax.Array | None = None,
+    label_weight: jax.Array | None = None,
+) -> tuple[tuple[jax.Array, jax.Array], jax.Array | None]:
+    """The cross-entropy's row math from whole rows' statistics, shared by the XLA reference and the
+    vocabulary-parallel loss (which all-reduces the statistics first).
+
+    Args:
+        lse: each row's logsumexp of the softcapped logits c, fp32 (or wider) ``[...]``.
+        target: each row's c at its label (any value where the label is out of range) ``[...]``.
+        labels: ``[...]`` integers.
+        n_classes: V.
+        settings: the loss's options.
+        smoothing_sum: with label smoothing, each row's Σ_j c_j, or with class weights Σ_j w_j (lse - c_j); unused
+            without smoothing.
+        label_weight: with class weights, each row's w_label.
+
+    Returns:
+        ``((loss, z_loss), token_scale)``: per row, 0 for ignored rows and NaN for a label outside ``[0, V)``; the
+        detached p_label that scaled both with ``settings.token_scaling``, else None.
+    """
     smoothing = settings.label_smoothing
     z_loss = settings.z_loss_scale * lse * lse
     if settings.weighted:
-        weight = class_weight.astype(compute)
-        loss = (1.0 - smoothing) * weight[safe_labels] * (lse - target) + z_loss
+        loss = (1.0 - smoothing) * label_weight * (lse - target) + z_loss
         if smoothing:
-            loss = loss + (smoothing / n_cols) * jnp.sum(
-                jnp.broadcast_to(weight, capped.shape) * (lse[..., None] - capped), axis=-1
-            )
+            loss = loss + smoothing / n_classes * smoothing_sum
     else:
         loss = lse - (1.0 - smoothing) * target + z_loss
         if smoothing:  # skipped without smoothing: 0 · Σc would be NaN for logits masked to -inf
-            loss = loss - smoothing * jnp.mean(capped, axis=-1)
+            loss = loss - smoothing / n_classes * smoothing_sum
+    token_scale = None
     if settings.token_scaling:
-        p_target = jax.lax.stop_gradient(jnp.exp(target - lse))
-        loss, z_loss = loss * p_target, z_loss * p_target
+        token_scale = jax.lax.stop_gradient(jnp.exp(target - lse))
+        loss, z_loss = loss * token_scale, z_loss * token_scale
     ignored = labels == settings.ignore_index
-    results = tuple(jnp.where(ignored, 0.0, jnp.where(in_range, value, jnp.nan)) for value in (loss, z_loss))
-    if settings.return_argmax:
-        results += (jnp.where(ignored, -1, jnp.argmax(capped, axis=-1)).astype(jnp.int32),)
-    return results
+    in_range = (labels >= 0) & (labels < n_classes)
+    losses = tuple(jnp.where(ignored, 0.0, jnp.where(in_range, value, jnp.nan)) for value in (loss, z_loss))
+    return losses, token_scale
 
 
 def count_targets(labels: jax.Array, ignore_index: int) -> jax.Array:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from liger_jax.ops._batching import vmap_over_rows
-from liger_jax.ops._cross_entropy_rows import LossSettings
+from liger_jax.ops._cross_entropy_rows import LossSettings, losses_from_statistics
 from liger_jax.ops._partitioning import partitioned
 
 
@@ -199,26 +199,13 @@ def _finished_losses(
     capped, lse, target, held_here, local_label, n_classes, labels, class_weight, settings: LossSettings, axes
 ):
     """``((loss, z_loss[, argmax]), token scale or None, class-weight statistics or None)``."""
-    smoothing = settings.label_smoothing
-    z_loss = settings.z_loss_scale * lse * lse
-    weights = None
+    weights = label_weight = smoothing_sum = None
     if settings.weighted:
         weights = _class_weight_statistics(capped, lse, class_weight, held_here, local_label, axes)
-        label_weight, _, smoothed = weights
-        loss = (1.0 - smoothing) * label_weight * (lse - target) + z_loss
-        if smoothing:
-            loss = loss + smoothing / n_classes * smoothed
-    else:
-        loss = lse - (1.0 - smoothing) * target + z_loss
-        if smoothing:
-            loss = loss - smoothing * jax.lax.psum(jnp.sum(capped, axis=-1), axes) / n_classes
-    token_scale = None
-    if settings.token_scaling:
-        token_scale = jax.lax.stop_gradient(jnp.exp(target - lse))
-        loss, z_loss = loss * token_scale, z_loss * token_scale
-    ignored = labels == settings.ignore_index
-    in_range = (labels >= 0) & (labels < n_classes)
-    values = tuple(jnp.where(ignored, 0.0, jnp.where(in_range, value, jnp.nan)) for value in (loss, z_loss))
+        label_weight, _, smoothing_sum = weights
+    elif settings.label_smoothing:
+        smoothing_sum = jax.lax.psum(jnp.sum(capped, axis=-1), axes)
+    values, token_scale = losses_from_statistics(lse, target, labels, n_classes, settings, smoothing_sum, label_weight)
     if settings.return_argmax:
         values += (_argmax(capped, labels, settings, axes),)
     return values, token_scale, weights
