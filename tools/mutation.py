@@ -262,15 +262,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "label_smoothing > 0",
         "(label_smoothing >= 0)",
     ): "without smoothing Σc was not summed (it is 0), so the term subtracted is 0 · 0",
-    (_CE, "target_offsets = rows * n_cols + tl.where(in_range, labels, 0)", "0", "(1)"): (
-        "the offset of rows whose label is out of range, whose load is masked off"
-    ),
-    (
-        _CE,
-        "target = tl.load(logits_ptr + target_offsets, mask=active & in_range, other=0.0).to(tl.float32)",
-        "0.0",
-        "(1.0)",
-    ): "rows that load no target store a zero or NaN loss whatever it is",
     **{
         (_CE, _CE_TARGET, original, replacement): _CE_TARGET_UNUSED
         for original, replacement in (("0", "(1)"), ("active & in_range", "(active | in_range)"), ("0.0", "(1.0)"))
@@ -304,19 +295,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_CE, "scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
     (_CE, "tanh = tl.where(col_mask, c / softcap, 0.0)", "0.0", "(1.0)"): _MASKED_FILL,
     (_CE, "lse = tl.load(lse_ptr + rows, mask=row_exists, other=0.0)", "0.0", "(1.0)"): _MASKED_FILL,
-    (_CE_ROWS, "return vmap_over_rows(sharded, row_argnums=(0, 1, 2, 3), reduces_rows=False)", "False", "(True)"): (
-        _LAX_MAP
-    ),
-    (
-        _CE_ROWS,
-        "out_shape = (jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype), *_row_shapes(n_rows, 3))",
-        "-1",
-        "(1)",
-    ): _FLCE_ONLY,
-    **{
-        (_CE_ROWS, _VMAP_OF_THREE_OPERANDS, original, f"({replacement})"): _FLCE_ONLY
-        for original, replacement in [("0", "1"), ("1", "2"), ("2", "3"), ("False", "True")]
-    },
     ("liger_jax/ops/glu.py", _VMAP_OF_THREE_OPERANDS, "False", "(True)"): _LAX_MAP,
     **{
         (
@@ -414,12 +392,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         (path, "if n_cols <= BLOCK_D:", "n_cols <= BLOCK_D", "(n_cols < BLOCK_D)"): _ONE_BLOCK_PATH
         for path in (_RMS_NORM, _LAYER_NORM, _ROW_MAPS, _SPARSEMAX)
     },
-    (
-        "liger_jax/ops/rope.py",
-        "dq, dk = _launcher(interleaved, True, implementation, alias_cotangents=True)(dq_rot, dk_rot, cos, sin)",
-        "True",
-        "(False)",
-    ): "aliasing only lets the gradients reuse the dead cotangents' buffers",
     **{
         (
             "liger_jax/kernels/rope.py",
