@@ -26,17 +26,16 @@ def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str
     the rule)."""
     import jax
 
-    from benchmarks import measure, modes, trace_summary
+    from benchmarks import modes, trace_summary
     from benchmarks.cases import build_case
     from liger_jax.ops import _tiling
 
     case = build_case(op, params, "bfloat16")
     body, prepare = modes.program(case.providers["liger_jax"], case.diff_argnums, "full", draw_cotangent=True)
-    args = measure.mode_program(case, "liger_jax", "forward")[1](jax.random.key(0))
-    inputs = prepare(args, jax.random.key(1))
-    # A fresh function per tiling: jit's trace cache is keyed on the function, and the tiling is read when tracing.
+    inputs = prepare(jax.jit(case.make_inputs)(jax.random.key(0)), jax.random.key(1))
+    # ``body`` is a new function per call, so jit traces it afresh, inside the override: the tiling is read then.
     with _tiling.overridden(override) if override else contextlib.nullcontext():
-        step = jax.jit(lambda *inputs: body(*inputs))
+        step = jax.jit(body)
         for _ in range(WARM_UP):
             jax.block_until_ready(step(*inputs))
     log_dir = Path(tempfile.mkdtemp())

@@ -54,7 +54,7 @@ def recycling(
     output and the other gradients, which keeps their computation alive.
     """
     positions = [list(diff_argnums).index(argnum) for argnum in dead_argnums]
-    recycled = {*positions, 0} if cotangent_from_gradient else set(positions)
+    fed_back = {*positions, 0} if cotangent_from_gradient else set(positions)
 
     def split(args, cotangent):
         kept = tuple(None if argnum in dead_argnums else arg for argnum, arg in enumerate(args))
@@ -67,7 +67,7 @@ def recycling(
             args[argnum] = arg
         out, grads = body(tuple(args), cotangent)
         following = tuple(grads[position] for position in positions)
-        result = (out, tuple(grad for position, grad in enumerate(grads) if position not in recycled))
+        result = (out, tuple(grad for position, grad in enumerate(grads) if position not in fed_back))
         return (following, grads[0] if cotangent_from_gradient else cotangent), result
 
     return split, run

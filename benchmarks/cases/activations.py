@@ -51,8 +51,20 @@ def _activation_case(op: str, torch_name: str, width: str, cotangent_is_residual
 
 ROW_TARGETS = [({"tokens": TOKENS, "cols": COLS}, "bfloat16"), ({"tokens": 4096, "cols": 32768}, "bfloat16")]
 OPS = [
-    Op("softmax", _activation_case("softmax", "liger_softmax", "cols", True), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
-    Op("sparsemax", _activation_case("sparsemax", "liger_sparsemax", "cols", True), ROW_TARGETS, ROW_SWEEPS, ROW_SMOKE),
+    Op(
+        "softmax",
+        _activation_case("softmax", "liger_softmax", "cols", cotangent_is_residual=True),
+        ROW_TARGETS,
+        ROW_SWEEPS,
+        ROW_SMOKE,
+    ),
+    Op(
+        "sparsemax",
+        _activation_case("sparsemax", "liger_sparsemax", "cols", cotangent_is_residual=True),
+        ROW_TARGETS,
+        ROW_SWEEPS,
+        ROW_SMOKE,
+    ),
     Op(
         "relu_squared",
         _activation_case("relu_squared", "liger_relu_squared", "intermediate"),
