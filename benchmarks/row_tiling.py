@@ -28,14 +28,14 @@ if TYPE_CHECKING:  # imported where used: providers.prepare_process must run bef
     from liger_jax.ops._tiling import RowTiling, TilingOverride
 
 # How each op's launches are tiled: "rows" (``_tiling.row_tiling``), "heavy" (with ``_heavy_rows``' warps; the
-# flag says whether the backward prefetches row tiles: DyT's, which sums over rows), "divergence", "group".
+# flag says whether the backward can prefetch row tiles: modulated RMSNorm's), "divergence", "group".
 # ONE_TILE_OPS keep a row in one tile (no column-block path): their wide rows get the one-tile candidates.
 FAMILIES = {
     "softmax": ("rows", False),
     "sparsemax": ("rows", False),
-    "dyt": ("heavy", True),
+    "dyt": ("heavy", False),
     "poly_norm": ("heavy", False),
-    "modulated_rms_norm": ("heavy", False),
+    "modulated_rms_norm": ("heavy", True),
     "group_norm": ("group", False),
     "kl_div": ("divergence", False),
     "tvd": ("divergence", False),
@@ -65,7 +65,7 @@ def _label(override: TilingOverride) -> str:
 def _row_alternatives(n_cols: int, family: str, prefetches: bool, one_tile: bool) -> list[TilingOverride]:
     """Around ``_tiling.row_tiling``: warps and rows per tile for one-tile rows, column blocks (and stages in their
     loop) for rows wider than MEASURED_TILE_LIMIT unless the kernel keeps a row in one tile, the backward's prefetch
-    flipped where it has one."""
+    forced on where it has one."""
     from liger_jax.ops import _tiling
 
     if n_cols > _tiling.MEASURED_TILE_LIMIT and not one_tile:
@@ -94,8 +94,8 @@ def _row_alternatives(n_cols: int, family: str, prefetches: bool, one_tile: bool
             _override(block_rows=4, num_warps=16),
             _override(block_rows=8, num_warps=32),
         ]
-    if prefetches:
-        chosen.append(_override(prefetch=not _tiling.row_tiling(n_cols, reduces_rows=True).prefetch))
+    if prefetches:  # heavy rows prefetch only when forced (``_heavy_rows``); at 8 warps without spills
+        chosen += [_override(prefetch=True), _override(num_warps=8, prefetch=True)]
     return chosen
 
 

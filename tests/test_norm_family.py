@@ -132,8 +132,10 @@ def test_heavy_rows_get_a_tile_each_from_1024_columns(op, n_cols, block_rows, nu
     override = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True)
     tiling = _tiling.row_tiling(n_cols, reduces_rows=True, override=override)
     assert (tiling.block_rows, tiling.num_warps) == (block_rows, num_warps)
-    with _tiling.overridden(_tiling.TilingOverride(block_rows=2)):
-        assert _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True).block_rows == 2
+    assert not tiling.prefetch  # only when forced
+    with _tiling.overridden(_tiling.TilingOverride(block_rows=2, prefetch=True)):
+        forced = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True)
+        assert (forced.block_rows, forced.prefetch) == (2, True)
 
 
 @pytest.mark.parametrize("op", ["poly_norm", "modulated_rms_norm"])
@@ -445,17 +447,18 @@ def test_modulated_rows_shard_per_token():
     assert_only_small_all_reduces(compiled_collectives(program, *sharded), nbytes(weight) + 64)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize(
     ("x_shape", "scale_shape"), [((2, 7, 24), (2, 24)), ((9, 24), (24,)), ((2, 7, 24), (2, 7, 24))]
 )
-def test_modulation_groups_split_over_programs_and_tiles(x_shape, scale_shape):
+def test_modulation_groups_split_over_programs_and_tiles(x_shape, scale_shape, prefetch):
     # Two-row tiles: per example, each program walks its group's 4 tiles, the last one partial; shared, the group's
     # 5 tiles go to 3 programs; per token, the 7 tiles of all rows go to 3 programs. Every partial of dscale and
-    # dshift must land in its own group's sum.
+    # dshift must land in its own group's sum, with the next tile loaded ahead (prefetch) or not.
     primals = _modulated_inputs(35, x_shape, scale_shape, jnp.float32)
     cotangent = harness.random_normal(36, x_shape, jnp.float32)
     op = functools.partial(liger_jax.modulated_rms_norm, implementation=harness.KERNEL_IMPLEMENTATION)
-    with _tiling.overridden(_tiling.TilingOverride(block_rows=2)):
+    with _tiling.overridden(_tiling.TilingOverride(block_rows=2, prefetch=prefetch)):
         got = harness.vjp_under_jit(op, primals, cotangent)
     reference = liger_jax.modulated_rms_norm_reference
     expected = harness.vjp_under_jit(reference, harness.as_float64(*primals), *harness.as_float64(cotangent))

@@ -680,13 +680,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "a masked lane's modulation scales a y that is not stored, or a dy that is 0"
     ),
     (_MODULATED, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
-    (_MODULATED, "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
-    (
-        _MODULATED,
-        "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
-        "rows < n_rows",
-        "(rows <= n_rows)",
-    ): (_ONE_PAST_LOAD),
     (
         _MODULATED,
         "r = tl.where(mask, _normalized(x, rstd, weight, CASTING).to(x.dtype).to(tl.float32), 0.0)",

@@ -12,15 +12,16 @@ p = exp(y) the target's probabilities and q = exp(x) the input's (where the oper
                                                             d/dx = (1 - β) q (x - log m)
     TVD (x, y probabilities):  |x - y| / 2                  d/dx = sign(x - y) / 2  (0 where x = y)
 
-All of it is fp32 whatever the operands' dtypes. A term whose weight (y, p or q) is exactly 0 is 0 (0 · log 0 = 0),
-so classes masked to -inf in both operands give a finite loss. Rows whose label is ``ignore_index`` (when
-HAS_LABELS) are never loaded: loss 0, gradient 0. The gradient is ``grad_scale[row] · d(row loss)/dx``, rounded to
-the gradient's dtype once, when stored.
+All of it is fp32 whatever the operands' dtypes; the logs are ``_fast_math.fast_log`` (the GPU's approximate
+log2). A term whose weight (y, p or q) is exactly 0 is 0 (0 · log 0 = 0), so classes masked to -inf in both
+operands give a finite loss. Rows whose label is ``ignore_index`` (when HAS_LABELS) are never loaded: loss 0,
+gradient 0. The gradient is ``grad_scale[row] · d(row loss)/dx``, rounded to the gradient's dtype once, when stored.
 """
 
 import triton
 import triton.language as tl
 
+from liger_jax.kernels._fast_math import fast_log
 from liger_jax.kernels._rows import row_block
 
 # The DIVERGENCE constexpr; liger_jax.ops._divergence_rows maps the op names onto these codes.
@@ -44,7 +45,7 @@ def _jsd_terms(x, y, beta: tl.constexpr):
     # m is floored at the smallest normal fp32 so its log stays finite: below it, the terms weigh x - log m by
     # probabilities under 1e-38, which no fp32 row sum can see. (Where x and y are both -inf the difference is NaN,
     # but both terms weigh it by 0 there.)
-    log_m = tl.log(tl.maximum(beta * p + (1.0 - beta) * q, SMALLEST_NORMAL))
+    log_m = fast_log(tl.maximum(beta * p + (1.0 - beta) * q, SMALLEST_NORMAL))
     student = _weighted((1.0 - beta) * q, x - log_m)
     return _weighted(beta * p, y - log_m) + student, student
 
@@ -58,7 +59,8 @@ def _terms(x, y, DIVERGENCE: tl.constexpr, beta: tl.constexpr, log_target: tl.co
             loss = _weighted(p, y - x)
             grad = -p
         else:
-            loss = _weighted(y, tl.log(tl.maximum(y, eps)) - x)
+            # fast_log flushes subnormals: an eps below the smallest normal floors there (those terms weigh < 1e-38).
+            loss = _weighted(y, fast_log(tl.maximum(tl.maximum(y, eps), SMALLEST_NORMAL)) - x)
             grad = -y
     elif DIVERGENCE == JSD:
         if beta == 0.0:

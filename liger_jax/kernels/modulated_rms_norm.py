@@ -18,7 +18,15 @@ import triton
 import triton.language as tl
 
 from liger_jax.kernels._rows import row_block, tile
-from liger_jax.kernels.rms_norm import _gradients, _load_scale, _normalized, _rstd, _sum_g_normed, _sum_squares
+from liger_jax.kernels.rms_norm import (
+    _gradients,
+    _load_backward_tile,
+    _load_scale,
+    _normalized,
+    _rstd,
+    _sum_g_normed,
+    _sum_squares,
+)
 
 
 @triton.jit
@@ -64,34 +72,31 @@ def modulated_rms_norm_fwd(
 
 @triton.jit
 def _tile_backward(
-    dy_ptr,
-    x_ptr,
+    dy,
+    x,
+    rstd,
+    rows,
+    cols,
+    offsets,
+    mask,
     weight_ptr,
     scale_ptr,
-    rstd_ptr,
     dx_ptr,
-    rows,
-    n_rows,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ROWS_PER_MODULATION: tl.constexpr,
     n_cols: tl.constexpr,
-    row_stride: tl.constexpr,
-    BLOCK_D: tl.constexpr,
 ):
-    """Stores dx of the tile of ``rows`` (rows from n_rows on are masked); returns dy and r of the tile in fp32
-    [BLOCK_ROWS, BLOCK_D] (0 where masked), its dweight [BLOCK_D] fp32, its offsets and mask."""
-    cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    """Stores dx of the tile of ``rows`` from its dy and x as loaded (0 where masked) and its rows' rstd; returns dy
+    and r of the tile in fp32 [BLOCK_ROWS, BLOCK_D] (0 where masked) and its dweight [BLOCK_D] fp32."""
+    dy = dy.to(tl.float32)
     weight = _load_scale(weight_ptr, cols, n_cols, offset)
     dr = dy * (1.0 + _load_modulation(scale_ptr, rows, cols, mask, n_cols, ROWS_PER_MODULATION))
     mean_gn = _sum_g_normed(dr, x, rstd, weight) / n_cols
     dx, dweight = _gradients(dr, x, rstd, weight, mean_gn, CASTING)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     r = tl.where(mask, _normalized(x, rstd, weight, CASTING).to(x.dtype).to(tl.float32), 0.0)
-    return dy, r, dweight, offsets, mask
+    return dy, r, dweight
 
 
 @triton.jit
@@ -119,14 +124,23 @@ def modulated_rms_norm_bwd_per_row(
     dweight = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
-        dy, r, tile_dweight, offsets, mask = _tile_backward(
-            dy_ptr, x_ptr, weight_ptr, scale_ptr, rstd_ptr, dx_ptr, rows, n_rows,
-            offset, CASTING, 1, n_cols, row_stride, BLOCK_D,
-        )  # fmt: skip
+        cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+        dy, r, tile_dweight = _tile_backward(
+            dy, x, rstd, rows, cols, offsets, mask, weight_ptr, scale_ptr, dx_ptr, offset, CASTING, 1, n_cols
+        )
         tl.store(dscale_ptr + offsets, (dy * r).to(dscale_ptr.dtype.element_ty), mask=mask)
         dweight += tile_dweight
     cols = tl.arange(0, BLOCK_D)
     tl.store(dweight_partial_ptr + pid * n_cols + cols, dweight, mask=cols < n_cols)
+
+
+@triton.jit
+def _group_rows(group, group_tile, n_rows, ROWS_PER_GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """The rows of tile ``group_tile`` of ``group`` (int64); rows past the group's end point at n_rows, where a
+    tile is masked."""
+    local = row_block(group_tile * BLOCK_ROWS, BLOCK_ROWS)
+    return tl.where(local < ROWS_PER_GROUP, group * ROWS_PER_GROUP + local, n_rows)
 
 
 @triton.jit
@@ -145,6 +159,7 @@ def modulated_rms_norm_bwd_grouped(
     CASTING: tl.constexpr,
     ROWS_PER_GROUP: tl.constexpr,
     PROGRAMS_PER_GROUP: tl.constexpr,
+    PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
@@ -152,24 +167,36 @@ def modulated_rms_norm_bwd_grouped(
     BLOCK_D: tl.constexpr,
 ):
     """Program p (the q-th of group g = p // PROGRAMS_PER_GROUP) walks TILES_PER_PROGRAM row tiles of its group: dx
-    per row, its partial sums of dweight, dscale and dshift in row p of each partial."""
+    per row, its partial sums of dweight, dscale and dshift in row p of each partial. With PREFETCH the next tile's
+    loads are issued before this tile's arithmetic (a second tile's registers), so memory latency hides behind it."""
     pid = tl.program_id(0).to(tl.int64)
     group, first_tile = pid // PROGRAMS_PER_GROUP, (pid % PROGRAMS_PER_GROUP) * TILES_PER_PROGRAM
     dweight = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dscale = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dshift = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    rows = _group_rows(group, first_tile, n_rows, ROWS_PER_GROUP, BLOCK_ROWS)
+    cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+    if PREFETCH:
+        dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
     for tile_index in range(TILES_PER_PROGRAM):
-        local = row_block((first_tile + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
-        # Rows past the group's end point past the last row, where the tile is masked.
-        rows = tl.where(local < ROWS_PER_GROUP, group * ROWS_PER_GROUP + local, n_rows)
-        dy, r, tile_dweight, _, _ = _tile_backward(
-            dy_ptr, x_ptr, weight_ptr, scale_ptr, rstd_ptr, dx_ptr, rows, n_rows,
-            offset, CASTING, ROWS_PER_GROUP, n_cols, row_stride, BLOCK_D,
+        if not PREFETCH:
+            dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
+        next_rows = _group_rows(group, first_tile + tile_index + 1, n_rows, ROWS_PER_GROUP, BLOCK_ROWS)
+        _, next_offsets, next_mask = tile(next_rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        if PREFETCH:
+            next_dy, next_x, next_rstd = _load_backward_tile(
+                dy_ptr, x_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
+            )
+        dy, r, tile_dweight = _tile_backward(
+            dy, x, rstd, rows, cols, offsets, mask, weight_ptr, scale_ptr, dx_ptr,
+            offset, CASTING, ROWS_PER_GROUP, n_cols,
         )  # fmt: skip
         dweight += tile_dweight
         dscale += tl.sum(dy * r, axis=0)
         dshift += tl.sum(dy, axis=0)
-    cols = tl.arange(0, BLOCK_D)
+        rows, offsets, mask = next_rows, next_offsets, next_mask
+        if PREFETCH:
+            dy, x, rstd = next_dy, next_x, next_rstd
     partial = pid * n_cols + cols
     tl.store(dweight_partial_ptr + partial, dweight, mask=cols < n_cols)
     tl.store(dscale_partial_ptr + partial, dscale, mask=cols < n_cols)

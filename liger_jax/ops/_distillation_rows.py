@@ -30,11 +30,11 @@ COSINE_NORM_EPS = 1e-12
 # fp32 [chunk, V] buffers the jax.numpy row math holds besides the two models' logits: the two models'
 # log-probabilities, then the gradient.
 _FP32_BUFFERS_PER_LOGIT = 3
-# The kernel's vocabulary block and warps on GPUs, as measured on the H200 (one row per program on a [2048, 128256]
-# bf16 chunk, JSD with the hard loss: 4096 columns at 8 warps 1.71 ms, at 16 warps 2.04 ms; 2048 at 8 warps 1.82 ms;
-# 1024 at 4 warps 1.84 ms; KL 1.2 ms at 4096 or 2048 columns and 8 warps, 1.5 ms at 16), and in the interpreter
-# (small, so test vocabularies span blocks). Rows share a program only when shorter than a block: two 2048-column
-# rows per program at 8 warps took 2.9 ms a chunk.
+# The kernel's vocabulary block and warps on GPUs, as measured on the H200 (with libdevice's accurate log, before
+# ``kernels._fast_math``; one row per program on a [2048, 128256] bf16 chunk, JSD with the hard loss: 4096 columns
+# at 8 warps 1.71 ms, at 16 warps 2.04 ms; 2048 at 8 warps 1.82 ms; 1024 at 4 warps 1.84 ms; KL 1.2 ms at 4096 or
+# 2048 columns and 8 warps, 1.5 ms at 16), and in the interpreter (small, so test vocabularies span blocks). Rows
+# share a program only when shorter than a block: two 2048-column rows per program at 8 warps took 2.9 ms a chunk.
 MAX_BLOCK_V = 4096
 MAX_WARPS = 8
 INTERPRETER_MAX_BLOCK_V = 128

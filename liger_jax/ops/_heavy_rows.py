@@ -23,6 +23,10 @@ MIN_WARPS = 2
 ONE_ROW_TILE_COLS = 1024
 # Past this width modulated RMSNorm's backward keeps its partial sums in registers only at the sparse density.
 MODULATED_DENSE_MAX_COLS = 8192
+# The backward kernels here walk their row tiles without prefetching unless a tiling override forces it
+# (``prefetch=True``). Modulated RMSNorm's grouped backward can prefetch (ptxas, sm_90, D = 4096 at its density: 72
+# bytes of spills at 4 warps, none at 8), which is yet to be measured on the H200 (benchmarks.row_tiling's "pf"
+# candidate); DyT's and PolyNorm's ignore the flag.
 
 
 def elements_per_thread(op: str, n_cols: int) -> int:
@@ -40,9 +44,9 @@ def elements_per_thread(op: str, n_cols: int) -> int:
 
 
 def heavy_row_override(op: str, n_cols: int, *, reduces_rows: bool, one_tile: bool = False) -> _tiling.TilingOverride:
-    """The tiling override in force, with one row per tile from ONE_ROW_TILE_COLS columns and ``num_warps`` set
-    (unless the override sets them) so that a tile of rows of ``n_cols`` has :func:`elements_per_thread` of ``op``
-    elements per thread (between MIN_WARPS and ``_tiling.MAX_WARPS`` warps).
+    """The tiling override in force, with one row per tile from ONE_ROW_TILE_COLS columns, no prefetching and
+    ``num_warps`` set (unless the override sets them) so that a tile of rows of ``n_cols`` has
+    :func:`elements_per_thread` of ``op`` elements per thread (between MIN_WARPS and ``_tiling.MAX_WARPS`` warps).
 
     :func:`heavy_row_launcher` builds launchers with it.
 
@@ -56,6 +60,8 @@ def heavy_row_override(op: str, n_cols: int, *, reduces_rows: bool, one_tile: bo
             f"this kernel keeps a row in one tile: a tiling override's block_d={override.block_d} is narrower than "
             f"its {n_cols} columns"
         )
+    if override.prefetch is None:
+        override = dataclasses.replace(override, prefetch=False)
     block_d = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override).block_d
     if override.block_rows is None and block_d >= ONE_ROW_TILE_COLS:
         override = dataclasses.replace(override, block_rows=1)

@@ -110,6 +110,7 @@ def _grouped_backward(implementation, override, **constexprs):
             **constexprs,
             ROWS_PER_GROUP=rows_per_group,
             PROGRAMS_PER_GROUP=per_group,
+            PREFETCH=tiling.prefetch,
             TILES_PER_PROGRAM=tiles_per_program,
             **_launch_settings(tiling, n_cols),
         )

@@ -75,7 +75,8 @@ def fused_linear_distillation(
     ``chunk_size`` then bounds the temporaries to about ``chunk_size · V`` times those bytes.
 
     Numerics: logits in ``result_type`` of each model's x and weight; the losses and the gradient of the logits in
-    fp32 (rounded once to the logits' dtype); ``dweight``/``dbias`` summed over the chunks in ``accum_dtype`` (fp32
+    fp32 (rounded once to the logits' dtype; on the GPU the JSD's log of m is the hardware's approximate log2,
+    ~1e-7 absolute beyond the fp32 rounding); ``dweight``/``dbias`` summed over the chunks in ``accum_dtype`` (fp32
     by default; bf16 accumulation drifts, Liger #512) and rounded to their parameter's dtype.
 
     Args:

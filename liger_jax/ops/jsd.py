@@ -60,9 +60,10 @@ def jsd(
     (:math:`0 \log 0 = 0`): vocabularies masked to ``-inf`` in both operands give finite losses.
 
     Numerics: fp32 throughout, whatever the operands' dtypes; the loss is fp32 (Liger rounds it to the input's
-    dtype). The gradient is computed in the forward pass with the loss, in one read of both operands (as Liger
-    does), kept in ``input.dtype`` and scaled by the cotangent in the backward pass. ``target`` gets no gradient
-    (a teacher's), nor does ``labels``.
+    dtype). On the GPU the kernel's log of m is the hardware's approximate log2 (~1e-7 absolute beyond fp32
+    rounding). The gradient is computed in the forward pass with the loss, in one read of both operands (as Liger
+    does), kept in ``input.dtype`` and scaled by the cotangent in the backward pass. ``target`` gets no gradient (a
+    teacher's), nor does ``labels``.
 
     Args:
         input: ``[..., V]`` the student's log-probabilities, float32, bfloat16 or float16 (float64 too under
