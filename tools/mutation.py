@@ -679,7 +679,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_MODULATED, "return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
         "a masked lane's modulation scales a y that is not stored, or a dy that is 0"
     ),
-    (_MODULATED, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)", "0.0", "(1.0)"): _MEETS_ZERO_DY,
     (
         _MODULATED,
         "r = tl.where(mask, _normalized(x, rstd, weight, CASTING).to(x.dtype).to(tl.float32), 0.0)",
