@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the H200: what a session has to check there, each part under its own time limit, logs in one folder.
 #
-#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]     (default: all four, in that order)
+#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [tiling] [e2e]   (default: all but tiling, in order)
 #
 # Run from the repository root after installing the carried jax-triton wheel on PYTHONPATH. Parts:
 #   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton (4 groups at once, ~4 min), then the convergence
@@ -9,11 +9,13 @@
 #   example  the main job with and without liger, interleaved (benchmarks/main_job.py; MAIN_JOB_FLAGS, default tiny,
 #            mini and small, 3 runs each): median tokens/s in OUT/main_job/main_job.md
 #   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 575)
+#   tiling   the row kernels' tiling candidates (benchmarks.row_tiling) of the ops in TILING_OPS (default
+#            modulated_rms_norm, whose backward's prefetch is yet to be measured), tables in OUT/tiling
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
 #            (default 540) (E2E_FLAGS=--remat for the rematerialised comparison)
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [e2e]}
+out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [tiling] [e2e]}
 shift
 parts=("$@")
 [[ ${#parts[@]} -eq 0 ]] && parts=(tests example suite e2e)
@@ -58,6 +60,12 @@ for part in "${parts[@]}"; do
         >"$out/suite.log" 2>&1
       sed -n '/## Targets/,/^Times are/p' "$out/suite/RESULTS.md"
       ;;
+    tiling)
+      # shellcheck disable=SC2086  # TILING_OPS is a list
+      PYTHONUNBUFFERED=1 timeout "${TILING_TIMEOUT_S:-300}" python3 -m benchmarks.row_tiling \
+        --op ${TILING_OPS:-modulated_rms_norm} --out "$out/tiling" >"$out/tiling.log" 2>&1
+      tail -n 30 "$out/tiling.log"
+      ;;
     e2e)
       # shellcheck disable=SC2086  # E2E_PROVIDERS and E2E_FLAGS are lists
       PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --provider ${E2E_PROVIDERS:-xla liger_jax} --out "$out/e2e" \
@@ -65,7 +73,7 @@ for part in "${parts[@]}"; do
       tail -8 "$out/e2e.log"
       ;;
     *)
-      echo "unknown part: $part (tests, example, suite, e2e)" >&2
+      echo "unknown part: $part (tests, example, suite, tiling, e2e)" >&2
       exit 2
       ;;
   esac
