@@ -126,10 +126,10 @@ def modulated_rms_norm_bwd_per_row(
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
         dy, x, rstd = _load_backward_tile(dy_ptr, x_ptr, rstd_ptr, rows, offsets, mask, n_rows)
-        dy, r, tile_dweight = _tile_backward(
+        dy_f32, r, tile_dweight = _tile_backward(
             dy, x, rstd, rows, cols, offsets, mask, weight_ptr, scale_ptr, dx_ptr, offset, CASTING, 1, n_cols
         )
-        tl.store(dscale_ptr + offsets, (dy * r).to(dscale_ptr.dtype.element_ty), mask=mask)
+        tl.store(dscale_ptr + offsets, (dy_f32 * r).to(dscale_ptr.dtype.element_ty), mask=mask)
         dweight += tile_dweight
     cols = tl.arange(0, BLOCK_D)
     tl.store(dweight_partial_ptr + pid * n_cols + cols, dweight, mask=cols < n_cols)
@@ -187,13 +187,13 @@ def modulated_rms_norm_bwd_grouped(
             next_dy, next_x, next_rstd = _load_backward_tile(
                 dy_ptr, x_ptr, rstd_ptr, next_rows, next_offsets, next_mask, n_rows
             )
-        dy, r, tile_dweight = _tile_backward(
+        dy_f32, r, tile_dweight = _tile_backward(
             dy, x, rstd, rows, cols, offsets, mask, weight_ptr, scale_ptr, dx_ptr,
             offset, CASTING, ROWS_PER_GROUP, n_cols,
         )  # fmt: skip
         dweight += tile_dweight
-        dscale += tl.sum(dy * r, axis=0)
-        dshift += tl.sum(dy, axis=0)
+        dscale += tl.sum(dy_f32 * r, axis=0)
+        dshift += tl.sum(dy_f32, axis=0)
         rows, offsets, mask = next_rows, next_offsets, next_mask
         if PREFETCH:
             dy, x, rstd = next_dy, next_x, next_rstd
