@@ -23,10 +23,6 @@ MIN_WARPS = 2
 ONE_ROW_TILE_COLS = 1024
 # Past this width modulated RMSNorm's backward keeps its partial sums in registers only at the sparse density.
 MODULATED_DENSE_MAX_COLS = 8192
-# The backward kernels here walk their row tiles without prefetching unless a tiling override forces it
-# (``prefetch=True``). Modulated RMSNorm's grouped backward can prefetch (ptxas, sm_90, D = 4096 at its density: 72
-# bytes of spills at 4 warps, none at 8), which is yet to be measured on the H200 (benchmarks.row_tiling's "pf"
-# candidate); DyT's and PolyNorm's ignore the flag.
 
 
 def elements_per_thread(op: str, n_cols: int) -> int:
@@ -61,6 +57,9 @@ def heavy_row_override(op: str, n_cols: int, *, reduces_rows: bool, one_tile: bo
             f"its {n_cols} columns"
         )
     if override.prefetch is None:
+        # Modulated RMSNorm's grouped backward can prefetch (ptxas, sm_90, D = 4096 at its density: 72 bytes of
+        # spills at 4 warps, none at 8), yet to be timed on the H200 (benchmarks.row_tiling's "pf" candidates): off
+        # unless forced. DyT's and PolyNorm's kernels ignore the flag.
         override = dataclasses.replace(override, prefetch=False)
     block_d = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override).block_d
     if override.block_rows is None and block_d >= ONE_ROW_TILE_COLS:
