@@ -143,13 +143,14 @@ def test_losses_and_gradients_match_float64_reference(implementation, case, dtyp
 
 
 # (rows..., V) with an op each: one row; 3-D with V over five blocks (and "mean" over its elements: V, not the
-# middle axis, divides); a single class; rank 1.
+# middle axis, divides); a single class; three classes, under one byte of TVD's sign codes; rank 1.
 SHAPE_CASES = [
     ("jsd", {"beta": 0.5, "labels": True}, (1, 64)),
     ("tvd", {"reduction": "none", "labels": True}, (2, 9, 520)),
     ("kl_div", {"reduction": "none"}, (2, 9, 520)),
     ("kl_div", {"reduction": "mean"}, (2, 9, 520)),
     ("kl_div", {}, (4, 1)),
+    ("tvd", {"reduction": "sum"}, (5, 3)),
     ("jsd", {"beta": 0.2}, (50,)),
 ]
 
@@ -241,7 +242,9 @@ def test_checkpoint_gives_the_same_gradients():
 
 
 @pytest.mark.parametrize(
-    "case", [("jsd", {"beta": 0.3, "labels": True}), ("kl_div", {"reduction": "none"})], ids=_case_id
+    "case",
+    [("jsd", {"beta": 0.3, "labels": True}), ("kl_div", {"reduction": "none"}), ("tvd", {"labels": True})],
+    ids=_case_id,
 )
 def test_rows_sharded_under_jit_without_gathering(case):
     name, options = case

@@ -13,9 +13,10 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax.ops._divergence_rows import Divergence, decoded_signs, row_losses_and_sign_codes
 from liger_jax.ops.jsd import jsd_rows
 from liger_jax.ops.kl_div import kl_div_rows
-from liger_jax.ops.tvd import tvd_rows
+from liger_jax.ops.tvd import tvd_rows, tvd_terms
 from tests import harness
 
 KERNEL = harness.KERNEL_IMPLEMENTATION
@@ -182,6 +183,30 @@ def test_tvd_matches_closed_form_normalised_by_counted_rows(reduction, shape):
     np.testing.assert_allclose(loss, expected[reduction], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(grad, 0.5 * np.sign(difference) * scale[reduction], rtol=1e-6)
     np.testing.assert_array_equal(grad[:, 3], 0.0)
+
+
+@pytest.mark.parametrize("n_cols", [1, 3, 7, 300])
+def test_tvd_sign_codes_decode_to_the_gradients_sign_column_by_column(n_cols):
+    # TVD's residual: sign(p - q) + 1 in 2 bits, four columns a byte (the last byte of a row partial unless 4 | V);
+    # ignored rows hold sign 0.
+    p, q = np.exp(_log_probs(23, (5, n_cols))), np.exp(_log_probs(24, (5, n_cols)))
+    q[:, ::3] = p[:, ::3]
+    labels = _ignoring_first_row(5)
+    divergence = Divergence("tvd", tvd_terms, KERNEL, has_labels=True)
+    losses, codes = row_losses_and_sign_codes(divergence)(_f32(p), _f32(q), jnp.asarray(labels))
+    assert codes.shape == (5, -(-n_cols // 4)) and codes.dtype == jnp.uint8
+    expected = np.sign(np.asarray(_f32(p), np.float64) - np.asarray(_f32(q), np.float64))
+    expected[0] = 0.0
+    np.testing.assert_array_equal(decoded_signs(codes, n_cols), expected)
+    np.testing.assert_allclose(losses, 0.5 * np.abs(expected * (p - q)).sum(axis=-1), rtol=1e-5, atol=1e-7)
+
+
+def test_tvd_keeps_a_quarter_byte_an_element_between_forward_and_backward():
+    # The residual is the sign codes (2 bits an element); the gradient is an output, not a temporary.
+    p, q = _f32(np.exp(_log_probs(25, (64, 1024)))), _f32(np.exp(_log_probs(26, (64, 1024))))
+    step = jax.jit(jax.grad(lambda p: liger_jax.tvd(p, q, implementation=KERNEL)))
+    temp = step.lower(p).compile().memory_analysis().temp_size_in_bytes
+    assert p.size // 4 <= temp < p.size // 4 + 4096
 
 
 def test_tvd_row_is_its_gradient_dotted_with_the_difference():

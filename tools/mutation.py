@@ -826,6 +826,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "returns, which this launcher discards"
     ),
     (_CE_ROWS, "jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype),", "-1", "(1)"): _FLCE_ONLY,
+    ("liger_jax/ops/_divergence_rows.py", "gradient = decoded_signs(gradient, like.shape[-1])", "-1", "(1)"): (
+        "the residual ``like`` is always [0, V]: its axis 1 is its last"
+    ),
     **{
         (
             _CE_ROWS,

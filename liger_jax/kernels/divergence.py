@@ -15,7 +15,8 @@ p = exp(y) the target's probabilities and q = exp(x) the input's (where the oper
 All of it is fp32 whatever the operands' dtypes; the logs are ``_fast_math.fast_log`` (the GPU's approximate
 log2). A term whose weight (y, p or q) is exactly 0 is 0 (0 · log 0 = 0), so classes masked to -inf in both
 operands give a finite loss. Rows whose label is ``ignore_index`` (when HAS_LABELS) are never loaded: loss 0,
-gradient 0. The gradient is ``grad_scale[row] · d(row loss)/dx``, rounded to the gradient's dtype once, when stored.
+gradient 0. The gradient is ``grad_scale[row] · d(row loss)/dx``, rounded to the gradient's dtype once, when stored;
+or, SIGN_CODES, only its sign, as 2-bit codes four a byte (TVD's residual: its gradient is ±½ or 0 times a scale).
 """
 
 import triton
@@ -121,6 +122,21 @@ def _block_terms(
 
 
 @triton.jit
+def _store_sign_codes(
+    codes_ptr, rows, row_exists, block, grad, n_cols: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """Stores sign(grad) + 1 (0, 1 or 2) of the tile of columns ``block`` four a byte: column 4k + j of a row in bits
+    2j..2j+1 of byte k of its ceil(n_cols / 4) bytes. BLOCK_V is a multiple of 4."""
+    code = (grad > 0.0).to(tl.int32) - (grad < 0.0).to(tl.int32) + 1
+    shifts = 2 * tl.arange(0, 4)
+    packed = tl.sum(tl.reshape(code, (BLOCK_ROWS, BLOCK_V // 4, 4)) << shifts[None, None, :], axis=2)
+    n_bytes: tl.constexpr = (n_cols + 3) // 4
+    byte_cols = block * (BLOCK_V // 4) + tl.arange(0, BLOCK_V // 4)
+    stored = row_exists[:, None] & (byte_cols[None, :] < n_bytes)
+    tl.store(codes_ptr + rows[:, None] * n_bytes + byte_cols[None, :], packed.to(tl.uint8), mask=stored)
+
+
+@triton.jit
 def divergence(
     input_ptr,  # [n_rows, n_cols] any float dtype
     target_ptr,  # [n_rows, n_cols] any float dtype
@@ -128,7 +144,7 @@ def divergence(
     grad_scale_ptr,  # [n_rows] fp32, read only WITH_GRAD
     n_rows,
     loss_ptr,  # [n_rows] fp32, or [n_rows, n_cols] fp32 when ELEMENTWISE
-    dinput_ptr,  # [n_rows, n_cols] the gradient's dtype, written only WITH_GRAD
+    dinput_ptr,  # WITH_GRAD: [n_rows, n_cols] the gradient's dtype; SIGN_CODES: [n_rows, ceil(n_cols / 4)] uint8
     n_cols: tl.constexpr,
     ignore_index: tl.constexpr,
     DIVERGENCE: tl.constexpr,
@@ -138,12 +154,13 @@ def divergence(
     HAS_LABELS: tl.constexpr,
     ELEMENTWISE: tl.constexpr,
     WITH_GRAD: tl.constexpr,
+    SIGN_CODES: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
 ):
-    """Each row's loss (or, ELEMENTWISE, each element's term) and, WITH_GRAD, grad_scale · d(row loss)/dx: one read
-    of input and target."""
+    """Each row's loss (or, ELEMENTWISE, each element's term) and, WITH_GRAD, grad_scale · d(row loss)/dx or,
+    SIGN_CODES, the codes of its sign (grad_scale unread): one read of input and target."""
     rows, row_exists, active = _program_rows(labels_ptr, n_rows, ignore_index, HAS_LABELS, BLOCK_ROWS)
     if WITH_GRAD:
         scale = tl.load(grad_scale_ptr + rows, mask=row_exists, other=0.0)
@@ -156,7 +173,9 @@ def divergence(
             tl.store(loss_ptr + offsets, loss, mask=stored)
         else:
             total += tl.sum(loss, axis=1)
-        if WITH_GRAD:
+        if SIGN_CODES:
+            _store_sign_codes(dinput_ptr, rows, row_exists, block, grad, n_cols, BLOCK_ROWS, BLOCK_V)
+        elif WITH_GRAD:
             grad = grad * scale[:, None]
             tl.store(dinput_ptr + offsets, grad.to(dinput_ptr.dtype.element_ty), mask=stored)
     if not ELEMENTWISE:

@@ -39,7 +39,8 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "jsd": 2**22,  # input: rows × V
     # Never by default: XLA's own fusion of these already makes the fewest passes (KL: the forward reads input and
     # target, the backward reads the target and writes the gradient), and on the H200 at 8192 × 128256 bf16 the
-    # kernels measured 0.97-0.99x (KL) and 0.92x (TVD, its gradient's sign kept in int8) of XLA's fwd+bwd.
+    # kernels measured 0.97-0.99x (KL) and 0.92x (TVD, its gradient's sign then kept in int8: four passes, as XLA's)
+    # of XLA's fwd+bwd. TVD's kernel now keeps the sign in 2 bits (3.25 passes); not yet measured.
     "kl_div": 2**62,  # input: rows × V
     "tvd": 2**62,  # input: rows × V
     # The catalog's sweeps on the H200 (2026-12-04, benchmarks.run --sweep tokens hidden positions channels, bf16

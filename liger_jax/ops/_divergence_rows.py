@@ -27,6 +27,8 @@ MAX_BLOCK_V = 4096
 # classes span several blocks, the last one partial.
 INTERPRETER_MAX_BLOCK_V = 128
 _KERNEL_CODES = {"kl_div": 0, "jsd": 1, "tvd": 2}
+# The kernel's SIGN_CODES output: 2-bit codes (sign + 1), four a byte.
+SIGNS_PER_BYTE = 4
 REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 # Per-element reference terms: (input, target, divergence) -> [..., V] in the operands' (promoted) dtype.
@@ -159,23 +161,22 @@ def row_losses(divergence: Divergence):
     return _kernel_losses(divergence, _tiling.current_override())
 
 
-def row_losses_and_grads(divergence: Divergence, grad_dtype=None):
+def row_losses_and_grads(divergence: Divergence):
     """``(input, target, labels, grad_scale [...] fp32) -> (losses, dinput)``.
 
-    ``dinput`` (``grad_dtype``, by default input.dtype) is ``grad_scale[row] · d(row loss)/dinput``, 0 on ignored
-    rows: the gradient of ``Σ grad_scale · losses`` (of each element's term times its row's scale, when
-    ``elementwise``), rounded (or, to an integer dtype, truncated) once.
+    ``dinput`` (input.dtype) is ``grad_scale[row] · d(row loss)/dinput``, 0 on ignored rows: the gradient of
+    ``Σ grad_scale · losses`` (of each element's term times its row's scale, when ``elementwise``), rounded once.
     """
     if divergence.implementation == "xla":
-        return functools.partial(_reference_losses_and_grads, divergence=divergence, grad_dtype=grad_dtype)
-    return _kernel_losses_and_grads(divergence, _tiling.current_override(), grad_dtype)
+        return functools.partial(_reference_losses_and_grads, divergence=divergence)
+    return _kernel_losses_and_grads(divergence, _tiling.current_override())
 
 
-def _reference_losses_and_grads(input, target, labels, grad_scale, divergence, grad_dtype):
+def _reference_losses_and_grads(input, target, labels, grad_scale, divergence):
     losses, pullback = jax.vjp(lambda input: reference_losses(input, target, labels, divergence), input)
     scale = grad_scale[..., None] if divergence.elementwise else grad_scale
     (dinput,) = pullback(jnp.broadcast_to(scale.astype(losses.dtype), losses.shape))
-    return losses, dinput if grad_dtype is None else dinput.astype(grad_dtype)
+    return losses, dinput
 
 
 def _loss_shape(n_rows: int, n_cols: int, divergence: Divergence) -> jax.ShapeDtypeStruct:
@@ -188,7 +189,8 @@ def block_tiling(n_cols: int, implementation: str, override: _tiling.TilingOverr
     block_d), the rows per program, the warps and the stages."""
     override = override or _tiling.TilingOverride()
     limit = INTERPRETER_MAX_BLOCK_V if implementation == "interpret" else MAX_BLOCK_V
-    block_v = min(override.block_d or limit, _tiling.next_power_of_2(n_cols))
+    # At least one byte of sign codes (SIGNS_PER_BYTE columns) a block.
+    block_v = max(SIGNS_PER_BYTE, min(override.block_d or limit, _tiling.next_power_of_2(n_cols)))
     # Short rows share a program so each still moves a few thousand elements.
     block_rows = override.block_rows or _tiling.rows_per_tile(block_v)
     # 32 fp32 values per thread per operand, at least 4 warps.
@@ -196,17 +198,23 @@ def block_tiling(n_cols: int, implementation: str, override: _tiling.TilingOverr
     return _tiling.RowTiling(block_rows, block_v, num_warps, num_stages=override.num_stages or 1)
 
 
-def _launch(divergence: Divergence, override, input, target, labels, grad_scale=None, grad_dtype=None):
+def _launch(divergence: Divergence, override, input, target, labels, grad_scale=None, sign_codes=False):
     """The divergence kernel over ``input``/``target`` ``[..., V]`` seen as rows, ``labels`` ``[...]`` flattened alike:
-    ``losses``, or ``(losses, dinput)`` when ``grad_scale`` ``[...]`` is given (the kernel's WITH_GRAD; dinput in
-    ``grad_dtype``, by default input's), tiled as :func:`block_tiling` says with ``override``."""
+    ``losses``; or ``(losses, dinput)`` when ``grad_scale`` ``[...]`` is given (the kernel's WITH_GRAD; dinput in
+    input's dtype); or, ``sign_codes``, ``(losses, codes [..., ceil(V / 4)] uint8)`` (the kernel's SIGN_CODES).
+    Tiled as :func:`block_tiling` says with ``override``."""
     from liger_jax.kernels import divergence as kernels
 
     n_rows, n_cols = labels.size, input.shape[-1]
     tiling = block_tiling(n_cols, divergence.implementation, override)
     with_grad = grad_scale is not None
-    # Without the gradient, grad_scale and dinput are one-element placeholders the kernel never touches.
-    dinput_shape = (n_rows, n_cols) if with_grad else (1,)
+    # Without WITH_GRAD, grad_scale is a one-element placeholder the kernel never reads; so is dinput without either.
+    if with_grad:
+        dinput = jax.ShapeDtypeStruct((n_rows, n_cols), input.dtype)
+    elif sign_codes:
+        dinput = jax.ShapeDtypeStruct((n_rows, _tiling.cdiv(n_cols, SIGNS_PER_BYTE)), jnp.uint8)
+    else:
+        dinput = jax.ShapeDtypeStruct((1,), input.dtype)
     outputs = runtime.launch(
         kernels.divergence,
         input.reshape(n_rows, n_cols),
@@ -214,10 +222,7 @@ def _launch(divergence: Divergence, override, input, target, labels, grad_scale=
         labels.reshape(n_rows),
         grad_scale.reshape(n_rows).astype(jnp.float32) if with_grad else jnp.zeros((1,), jnp.float32),
         n_rows,
-        out_shape=(
-            _loss_shape(n_rows, n_cols, divergence),
-            jax.ShapeDtypeStruct(dinput_shape, grad_dtype or input.dtype),
-        ),
+        out_shape=(_loss_shape(n_rows, n_cols, divergence), dinput),
         grid=(_tiling.cdiv(n_rows, tiling.block_rows),),
         implementation=divergence.implementation,
         num_warps=tiling.num_warps,
@@ -231,11 +236,14 @@ def _launch(divergence: Divergence, override, input, target, labels, grad_scale=
         HAS_LABELS=divergence.has_labels,
         ELEMENTWISE=divergence.elementwise,
         WITH_GRAD=with_grad,
+        SIGN_CODES=sign_codes,
         BLOCK_ROWS=tiling.block_rows,
         BLOCK_V=tiling.block_d,
         NUM_V_BLOCKS=_tiling.cdiv(n_cols, tiling.block_d),
     )
     loss = outputs[0].reshape(input.shape if divergence.elementwise else labels.shape)
+    if sign_codes:
+        return loss, outputs[1].reshape(*input.shape[:-1], -1)
     return (loss, outputs[1].reshape(input.shape)) if with_grad else loss
 
 
@@ -254,13 +262,41 @@ def _kernel_losses(divergence: Divergence, override: _tiling.TilingOverride | No
 
 
 @functools.cache
-def _kernel_losses_and_grads(divergence: Divergence, override: _tiling.TilingOverride | None, grad_dtype):
+def _kernel_losses_and_grads(divergence: Divergence, override: _tiling.TilingOverride | None):
     def losses_and_grads(input, target, labels, grad_scale):
-        return _launch(divergence, override, input, target, labels, grad_scale, grad_dtype)
+        return _launch(divergence, override, input, target, labels, grad_scale)
 
     rule = f"... v, ... v, ..., ... -> {_loss_factors(divergence)}, ... v"
     sharded = partitioned(losses_and_grads, rule, replicated=("v",))
     return vmap_over_rows(sharded, row_argnums=(0, 1, 2, 3), reduces_rows=False)
+
+
+@functools.cache
+def _kernel_losses_and_sign_codes(divergence: Divergence, override: _tiling.TilingOverride | None):
+    def losses_and_codes(input, target, labels):
+        return _launch(divergence, override, input, target, labels, sign_codes=True)
+
+    rule = f"... v, ... v, ... -> {_loss_factors(divergence)}, ... c"
+    sharded = partitioned(losses_and_codes, rule, replicated=("v", "c"))
+    return vmap_over_rows(sharded, row_argnums=(0, 1, 2), reduces_rows=False)
+
+
+def row_losses_and_sign_codes(divergence: Divergence):
+    """``(input, target, labels) -> (losses, codes)`` under a kernel implementation.
+
+    ``codes`` ``[..., ceil(V / 4)]`` uint8 holds ``sign(d row loss / dinput) + 1`` (0, 1 or 2) of each element in 2
+    bits, column 4k + j of a row in bits 2j..2j+1 of its byte k; :func:`decoded_signs` reads them back. A quarter of
+    the bytes of an int8 sign: TVD's residual, whose gradient is ±½ or 0 times a scale.
+    """
+    return _kernel_losses_and_sign_codes(divergence, _tiling.current_override())
+
+
+def decoded_signs(codes: jax.Array, n_cols: int) -> jax.Array:
+    """The signs ``[..., n_cols]`` float32 (-1, 0 or 1) that :func:`row_losses_and_sign_codes`' ``codes`` hold."""
+    shifts = jnp.arange(0, 2 * SIGNS_PER_BYTE, 2, dtype=jnp.uint8).reshape((1,) * codes.ndim + (SIGNS_PER_BYTE,))
+    per_column = (codes[..., None] >> shifts) & 3
+    signs = per_column.reshape(*codes.shape[:-1], -1)[..., :n_cols]
+    return signs.astype(jnp.float32) - 1.0
 
 
 def reduced_loss(input, target, labels, divergence: Divergence, reduction: str) -> jax.Array:
@@ -279,25 +315,27 @@ def _reduced_loss(input, target, labels, divergence, reduction):
 
 def _reduced_loss_fwd(input, target, labels, divergence, reduction):
     scale = reduction_scale(labels, input.shape[-1], reduction, divergence)
-    # The residual is the gradient times ``factor``'s inverse, and a zero-size array of the gradient's dtype.
+    # The residual is the gradient times ``factor``'s inverse (or, for TVD, its sign's codes), and a zero-size array
+    # of the gradient's dtype and class count.
     if divergence.kind == "tvd":
-        # TVD's gradient is ±1/2 or 0 times the scale: the forward keeps its sign in int8 (half the bytes of a bf16
-        # gradient, written once and read back once) and the backward scales it.
+        # TVD's gradient is ±1/2 or 0 times the scale: the forward keeps its sign in 2 bits (an eighth of the bytes of
+        # a bf16 gradient, written once and read back once) and the backward scales it.
         factor = 0.5 * scale
-        signs = row_losses_and_grads(divergence, jnp.int8)
-        losses, gradient = signs(input, target, labels, jnp.full(labels.shape, 2.0, jnp.float32))
+        losses, gradient = row_losses_and_sign_codes(divergence)(input, target, labels)
     else:
         losses, gradient = row_losses_and_grads(divergence)(
             input, target, labels, jnp.broadcast_to(scale, labels.shape)
         )
         factor = jnp.float32(1.0)
-    residuals = (gradient, factor, jnp.zeros((0,), input.dtype))
+    residuals = (gradient, factor, jnp.zeros((0, input.shape[-1]), input.dtype))
     return reduce(losses, labels, input.shape[-1], reduction, divergence), residuals
 
 
 def _reduced_loss_bwd(divergence, reduction, residuals, cotangent):
-    del divergence, reduction
+    del reduction
     gradient, factor, like = residuals
+    if divergence.kind == "tvd":
+        gradient = decoded_signs(gradient, like.shape[-1])
     dinput = (cotangent.astype(jnp.float32) * factor) * gradient.astype(jnp.float32)
     return dinput.astype(like.dtype), None, None
 

@@ -47,8 +47,9 @@ def tvd(
     gradient are 0 (Liger divides by zero).
 
     Numerics: fp32 whatever the operands' dtypes; the loss is fp32. The gradient is computed in the forward pass
-    with the loss, in one read of both operands (as Liger does); its sign is kept in int8 and scaled by ½, the
-    reduction's divisor and the cotangent in the backward pass. ``target`` and ``labels`` get no gradient (as in Liger).
+    with the loss, in one read of both operands (as Liger does); its sign is kept in 2 bits an element (an eighth of a
+    bf16 gradient's bytes) and scaled by ½, the reduction's divisor and the cotangent in the backward pass. ``target``
+    and ``labels`` get no gradient (as in Liger).
 
     Args:
         input: ``[..., V]`` probabilities, float32, bfloat16 or float16 (float64 too under ``"xla"``).
