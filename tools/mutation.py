@@ -196,6 +196,12 @@ _ROW_MAP_EXTRA_BLOCK = (
     "an extra column block of a first pass lies wholly past n_cols: its logits load as -inf (no max, exponential or "
     "support) and its (dy, y) as 0 (nothing added to Σ dy · y, no support)"
 )
+_SPARSEMAX_FIRST_SUPPORT = "count, total, smallest = _support(x, tl.max(x, axis=1) - 1.0)"
+_SPARSEMAX_UNSETTLED = "return tl.sum(((smallest <= tau) & (count < previous_count)).to(tl.int32)) > 0"
+_SETTLED_SOONER = (
+    "only decides whether the pass that found a row's final support also proves it final: without the proof the row "
+    "iterates until its support stops shrinking (the loop's other test), one pass more, to the same τ"
+)
 _START_BELOW_TAU = (
     "the support iteration's start: Michelot's steps from any τ below the solution (max(x) - 1 is one, the largest "
     "output being at most 1; -inf starts from the whole row) rise to the same τ"
@@ -477,11 +483,43 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
                 "(tl.minimum(row_max, tl.max(x, axis=1)))",
             ),
             ("return tl.maximum(row_max, tl.max(x, axis=1)), unused", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            ("tau = tl.max(x, axis=1) - 1.0", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            ("tau = tl.max(x, axis=1) - 1.0", "1.0", "(2.0)"),
-            ("tau = row_max - 1.0", "1.0", "(2.0)"),
+            (_SPARSEMAX_FIRST_SUPPORT, "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
+            (_SPARSEMAX_FIRST_SUPPORT, "1.0", "(2.0)"),
+            (
+                "x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support",
+                "1.0",
+                "(2.0)",
+            ),
         ]
     },
+    **{
+        (_SPARSEMAX, context, original, replacement): _SETTLED_SOONER
+        for context, original, replacement in [
+            (
+                'statistics = (support.to(tl.float32), tl.where(support, x, 0.0), tl.where(support, x, float("inf")))',
+                'tl.where(support, x, float("inf"))',
+                "(tl.where(support, float('inf'), x))",
+            ),
+            (
+                _SPARSEMAX_UNSETTLED,
+                "(smallest <= tau) & (count < previous_count)",
+                "((smallest <= tau) | (count < previous_count))",
+            ),
+            ('empty = tl.join(zeros, zeros + float("inf"))', 'zeros + float("inf")', "(zeros - float('inf'))"),
+            ('empty = tl.join(zeros, zeros + float("inf"))', 'zeros + float("inf")', "(zeros)"),
+        ]
+    },
+    (_SPARSEMAX, _SPARSEMAX_UNSETTLED, "smallest <= tau", "(smallest < tau)"): (
+        "a support whose smallest entry equals the τ it gives is settled too: that entry adds x - τ = 0 to Σ_S (x - τ) "
+        "= 1, so τ is the solution with it or without it"
+    ),
+    (_SPARSEMAX, _SPARSEMAX_UNSETTLED, "count < previous_count", "(count <= previous_count)"): (
+        "in exact arithmetic a support that kept its size was settled a step before; the test only ends a cycle that "
+        "rounding could start, which no finite test input reaches"
+    ),
+    (_SPARSEMAX, "unsettled = _any_unsettled(smallest, tau, count, count + 1.0)", "1.0", "(2.0)"): (
+        "any previous size above the first support's lets the first step's test of its smallest entry decide"
+    ),
     (
         _SPARSEMAX,
         "row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, "

@@ -7,14 +7,17 @@ kernels need no sort. They run the fixed-point iteration of Michelot's algorithm
     τ ← (Σ_{x_j > τ} x_j - 1) / |{j : x_j > τ}|
 
 from τ = max(x) - 1, which lies below the solution (the largest output is at most 1). From any τ below the
-solution the step lands between τ and the solution, so τ rises and the support shrinks; once an iteration keeps the
-support, τ is the exact solution for it. It takes at most D steps and, on LLM-like rows, a handful: the iteration
-starts on the few entries within 1 of the max. A program iterates until none of its rows' supports shrank; a row
-that already converged recomputes the same τ.
+solution the step lands between τ and the solution, so τ rises and the support shrinks. The support S of a step is
+settled when its smallest entry lies above the τ it gives: then Σ_S (x - τ) = 1 with every term positive and every
+entry off S at most the previous τ, so τ is the solution. Each pass over a row sums the support's count and values
+and takes its smallest entry in one reduction, so the pass that finds the final support also proves it final (no
+pass to see the support stay). It takes at most D steps and, on LLM-like rows, a handful: the iteration starts on
+the few entries within 1 of the max (normal rows of 32768: 3-6 passes besides the max). A program iterates until
+every one of its rows is settled (or, under rounding, kept its support); a settled row recomputes the same τ.
 
 A row that fits one tile stays in registers through the iteration. A longer one is walked in column blocks (see
-``liger_jax.kernels._row_maps``), one pass per iteration for the support's count and sum. All arithmetic is fp32; y
-and dx are rounded once to their dtype.
+``liger_jax.kernels._row_maps``), one pass per iteration. All arithmetic is fp32; y and dx are rounded once to their
+dtype.
 """
 
 import triton
@@ -25,18 +28,25 @@ from liger_jax.kernels._rows import row_block, row_sums2
 
 
 @triton.jit
-def _support(x, tau):
-    """Per row of the fp32 tile ``x``: |{x > τ}| and Σ_{x > τ} x, both fp32 (a count is exact below 2^24), summed
-    in one reduction."""
-    support = x > tau[:, None]
-    return row_sums2(support.to(tl.float32), tl.where(support, x, 0.0))
+def _sums_and_min(count0, total0, smallest0, count1, total1, smallest1):
+    return count0 + count1, total0 + total1, tl.minimum(smallest0, smallest1)
 
 
 @triton.jit
-def _add_support(count, total, x, tau):
-    """The running :func:`_support` after the tile x."""
-    block_count, block_total = _support(x, tau)
-    return count + block_count, total + block_total
+def _support(x, tau):
+    """Per row of the fp32 tile ``x``, of its support {x > τ}: the size and the sum, both fp32 (a count is exact
+    below 2^24), and the smallest entry (+inf when empty), in one reduction."""
+    support = x > tau[:, None]
+    statistics = (support.to(tl.float32), tl.where(support, x, 0.0), tl.where(support, x, float("inf")))
+    return tl.reduce(statistics, 1, _sums_and_min)
+
+
+@triton.jit
+def _add_support(count, total_and_smallest, x, tau):
+    """The running :func:`_support` after the tile x; its sum and smallest entry joined ([BLOCK_ROWS, 2])."""
+    block_count, block_total, block_smallest = _support(x, tau)
+    total, smallest = tl.split(total_and_smallest)
+    return count + block_count, tl.join(total + block_total, tl.minimum(smallest, block_smallest))
 
 
 @triton.jit
@@ -52,10 +62,11 @@ def _threshold(count, total):
 
 
 @triton.jit
-def _any_shrank(new_count, count):
-    """Whether some row's support lost entries: the program iterates again. (The loop carries this flag rather than
-    the previous counts, which Triton 3.6's layout pass cannot compile in a ``while``.)"""
-    return tl.sum((new_count < count).to(tl.int32)) > 0
+def _any_unsettled(smallest, tau, count, previous_count):
+    """Whether some row's support holds an entry at or below the τ it gives, and shrank in this step: the program
+    iterates again. (In exact arithmetic a support that did not shrink was settled a step before; under rounding
+    this keeps the sizes falling strictly while a program iterates, so it ends within D steps.)"""
+    return tl.sum(((smallest <= tau) & (count < previous_count)).to(tl.int32)) > 0
 
 
 @triton.jit
@@ -79,29 +90,32 @@ def sparsemax_fwd(
     zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
     if n_cols <= BLOCK_D:
         offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        tau = tl.max(x, axis=1) - 1.0
-        count, total = _support(x, tau)
-        shrinking = True
-        while shrinking:
-            tau = _threshold(count, total)
-            new_count, total = _support(x, tau)
-            shrinking = _any_shrank(new_count, count)
+        count, total, smallest = _support(x, tl.max(x, axis=1) - 1.0)
+        tau = _threshold(count, total)
+        unsettled = _any_unsettled(smallest, tau, count, count + 1.0)
+        while unsettled:
+            new_count, total, smallest = _support(x, tau)
+            tau = _threshold(new_count, total)
+            unsettled = _any_unsettled(smallest, tau, new_count, count)
             count = new_count
         tl.store(y_ptr + offsets, _projection(x, tau, zeros).to(y_ptr.dtype.element_ty), mask=mask)
     else:
         row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
         row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
-        tau = row_max - 1.0
-        count, total = fold_logit_blocks(
-            x_ptr, rows, zeros, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+        empty = tl.join(zeros, zeros + float("inf"))
+        count, total_and_smallest = fold_logit_blocks(
+            x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support
         )
-        shrinking = True
-        while shrinking:
-            tau = _threshold(count, total)
-            new_count, total = fold_logit_blocks(
-                x_ptr, rows, zeros, zeros, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+        total, smallest = tl.split(total_and_smallest)
+        tau = _threshold(count, total)
+        unsettled = _any_unsettled(smallest, tau, count, count + 1.0)
+        while unsettled:
+            new_count, total_and_smallest = fold_logit_blocks(
+                x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
             )
-            shrinking = _any_shrank(new_count, count)
+            total, smallest = tl.split(total_and_smallest)
+            tau = _threshold(new_count, total)
+            unsettled = _any_unsettled(smallest, tau, new_count, count)
             count = new_count
         store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
 
