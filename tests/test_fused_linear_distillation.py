@@ -136,12 +136,14 @@ def test_a_chunk_of_more_rows_than_a_program_takes_matches_float64_reference(imp
     harness.assert_vjp_matches_reference(op, reference, (x, weight), jnp.float32(1.3), jnp.float32)
 
 
+@pytest.mark.parametrize("n_classes", [129, 256])
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
-def test_a_vocabulary_one_past_whole_blocks_matches_float64_reference(implementation):
-    # 129 classes: the interpreter's blocks of 128 and one class alone in a second block, made the student's likeliest,
-    # which every pass (the softmax statistics, the losses' sums, the gradient) must visit. KL at T != 1 with a hard
-    # loss: the raw logits' softmax statistics are summed apart.
-    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(34, jnp.float32, n_classes=129)
+def test_vocabularies_at_and_one_past_whole_blocks_match_float64_reference(implementation, n_classes):
+    # 129 classes: the interpreter's blocks of 128 and one class alone in a second block; 256: two whole blocks. The
+    # last class is made the student's likeliest, which every pass (the softmax statistics, the losses' sums, walked
+    # back from the last block, the gradient) must visit once. KL at T != 1 with a hard loss: the raw logits' softmax
+    # statistics are summed apart.
+    (x, weight, bias), (teacher_x, teacher_weight, _), labels = _inputs(34, jnp.float32, n_classes=n_classes)
     bias = bias.at[-1].set(3.0)
     options = {"divergence": "kl", "temperature": 1.5, "weight_hard_loss": 0.5, "return_soft_hard_loss": True}
 

@@ -288,7 +288,9 @@ def _store_grads(
         if HAS_WEIGHT:
             z_scale *= p_target
     softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
-    for block in range(NUM_V_BLOCKS):
+    # The last block first: after a pass over the row, the blocks read most recently are the likeliest in L2.
+    for step in range(NUM_V_BLOCKS):
+        block = NUM_V_BLOCKS - 1 - step
         offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
         p = tl.exp(c - lse[:, None])
         is_target = cols[None, :] == labels[:, None]

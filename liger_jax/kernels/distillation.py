@@ -115,7 +115,9 @@ def distillation_rows(
         hard = tl.where(active, tl.where(in_range, lse_raw - target, float("nan")), 0.0)
     soft = tl.zeros((BLOCK_ROWS,), tl.float32)
     spread = tl.zeros((BLOCK_ROWS,), tl.float32)
-    for block in range((n_cols + BLOCK_V - 1) // BLOCK_V):
+    # The passes alternate direction: each starts on the blocks the one before read last, the likeliest in L2.
+    for step in range((n_cols + BLOCK_V - 1) // BLOCK_V):
+        block = (n_cols + BLOCK_V - 1) // BLOCK_V - 1 - step
         _, _, loaded, s, t = _logit_pair(student_ptr, teacher_ptr, rows, active, block, n_cols, BLOCK_V)
         loss, _, _, chained = _soft_terms(s, t, lse_student, lse_teacher, loaded, inv_temperature, DIVERGENCE, beta)
         soft += tl.sum(loss, axis=1)
