@@ -29,6 +29,7 @@ from liger_jax.kernels._rows import row_block, row_sums2
 
 @triton.jit
 def _sums_and_min(count0, total0, smallest0, count1, total1, smallest1):
+    """The combine of :func:`_support`'s reduction: sizes and sums add, the smallest entries meet."""
     return count0 + count1, total0 + total1, tl.minimum(smallest0, smallest1)
 
 
