@@ -27,6 +27,8 @@ no label can make a kernel read out of bounds.
 import triton
 import triton.language as tl
 
+from liger_jax.kernels._rows import reversed_block
+
 
 @triton.jit
 def _tanh(u):
@@ -288,9 +290,8 @@ def _store_grads(
         if HAS_WEIGHT:
             z_scale *= p_target
     softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
-    # The last block first: after a pass over the row, the blocks read most recently are the likeliest in L2.
     for step in range(NUM_V_BLOCKS):
-        block = NUM_V_BLOCKS - 1 - step
+        block = reversed_block(step, n_cols, BLOCK_V) // BLOCK_V
         offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
         p = tl.exp(c - lse[:, None])
         is_target = cols[None, :] == labels[:, None]

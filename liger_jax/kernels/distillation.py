@@ -21,7 +21,7 @@ gives a NaN hard loss and no hard gradient, as the cross-entropy kernels do.
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._rows import row_block
+from liger_jax.kernels._rows import reversed_block, row_block
 from liger_jax.kernels.cross_entropy import _label_in_range, _target_logit
 from liger_jax.kernels.divergence import TVD, _terms
 from liger_jax.kernels.softmax import _add_exponentials
@@ -115,9 +115,9 @@ def distillation_rows(
         hard = tl.where(active, tl.where(in_range, lse_raw - target, float("nan")), 0.0)
     soft = tl.zeros((BLOCK_ROWS,), tl.float32)
     spread = tl.zeros((BLOCK_ROWS,), tl.float32)
-    # The passes alternate direction: each starts on the blocks the one before read last, the likeliest in L2.
+    # The passes alternate direction: each starts on the blocks the one before read last.
     for step in range((n_cols + BLOCK_V - 1) // BLOCK_V):
-        block = (n_cols + BLOCK_V - 1) // BLOCK_V - 1 - step
+        block = reversed_block(step, n_cols, BLOCK_V) // BLOCK_V
         _, _, loaded, s, t = _logit_pair(student_ptr, teacher_ptr, rows, active, block, n_cols, BLOCK_V)
         loss, _, _, chained = _soft_terms(s, t, lse_student, lse_teacher, loaded, inv_temperature, DIVERGENCE, beta)
         soft += tl.sum(loss, axis=1)
