@@ -13,7 +13,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
-from liger_jax.ops._divergence_rows import Divergence, decoded_signs, row_losses_and_sign_codes
+from liger_jax.ops._divergence_rows import Divergence, row_losses_and_sign_codes, scaled_signs
 from liger_jax.ops.jsd import jsd_rows
 from liger_jax.ops.kl_div import kl_div_rows
 from liger_jax.ops.tvd import tvd_rows, tvd_terms
@@ -197,7 +197,9 @@ def test_tvd_sign_codes_decode_to_the_gradients_sign_column_by_column(n_cols):
     assert codes.shape == (5, -(-n_cols // 4)) and codes.dtype == jnp.uint8
     expected = np.sign(np.asarray(_f32(p), np.float64) - np.asarray(_f32(q), np.float64))
     expected[0] = 0.0
-    np.testing.assert_array_equal(decoded_signs(codes, n_cols), expected)
+    scale = jnp.asarray(np.arange(1.0, 6.0), jnp.float32)
+    decoded = scaled_signs(codes, scale, n_cols, jnp.float32, KERNEL)
+    np.testing.assert_array_equal(decoded, expected * np.arange(1.0, 6.0)[:, None])
     np.testing.assert_allclose(losses, 0.5 * np.abs(expected * (p - q)).sum(axis=-1), rtol=1e-5, atol=1e-7)
 
 

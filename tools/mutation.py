@@ -196,8 +196,11 @@ _ROW_MAP_EXTRA_BLOCK = (
     "an extra column block of a first pass lies wholly past n_cols: its logits load as -inf (no max, exponential or "
     "support) and its (dy, y) as 0 (nothing added to Σ dy · y, no support)"
 )
-_SPARSEMAX_FIRST_SUPPORT = "count, total, smallest = _support(x, tl.max(x, axis=1) - 1.0)"
-_SPARSEMAX_UNSETTLED = "return tl.sum(((smallest <= tau) & (count < previous_count)).to(tl.int32)) > 0"
+_SIGN_CODES_LOAD = (
+    "codes = tl.load(codes_ptr + row * n_bytes + byte_cols, mask=byte_cols < n_bytes, other=0).to(tl.int32)"
+)
+_SPARSEMAX_FIRST_TAU = "tau = tl.max(x, axis=1) - 1.0"
+_SPARSEMAX_FIRST_SETTLED_TEST = "shrinking = _any_shrank(count, count + 1.0, smallest <= tau)"
 _SETTLED_SOONER = (
     "only decides whether the pass that found a row's final support also proves it final: without the proof the row "
     "iterates until its support stops shrinking (the loop's other test), one pass more, to the same τ"
@@ -483,8 +486,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
                 "(tl.minimum(row_max, tl.max(x, axis=1)))",
             ),
             ("return tl.maximum(row_max, tl.max(x, axis=1)), unused", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            (_SPARSEMAX_FIRST_SUPPORT, "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            (_SPARSEMAX_FIRST_SUPPORT, "1.0", "(2.0)"),
+            (_SPARSEMAX_FIRST_TAU, "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
+            (_SPARSEMAX_FIRST_TAU, "1.0", "(2.0)"),
             (
                 "x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support",
                 "1.0",
@@ -500,24 +503,38 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
                 'tl.where(support, x, float("inf"))',
                 "(tl.where(support, float('inf'), x))",
             ),
-            (
-                _SPARSEMAX_UNSETTLED,
-                "(smallest <= tau) & (count < previous_count)",
-                "((smallest <= tau) | (count < previous_count))",
-            ),
             ('empty = tl.join(zeros, zeros + float("inf"))', 'zeros + float("inf")', "(zeros - float('inf'))"),
             ('empty = tl.join(zeros, zeros + float("inf"))', 'zeros + float("inf")', "(zeros)"),
         ]
     },
-    (_SPARSEMAX, _SPARSEMAX_UNSETTLED, "smallest <= tau", "(smallest < tau)"): (
-        "a support whose smallest entry equals the τ it gives is settled too: that entry adds x - τ = 0 to Σ_S (x - τ) "
-        "= 1, so τ is the solution with it or without it"
-    ),
-    (_SPARSEMAX, _SPARSEMAX_UNSETTLED, "count < previous_count", "(count <= previous_count)"): (
-        "in exact arithmetic a support that kept its size was settled a step before; the test only ends a cycle that "
-        "rounding could start, which no finite test input reaches"
-    ),
-    (_SPARSEMAX, "unsettled = _any_unsettled(smallest, tau, count, count + 1.0)", "1.0", "(2.0)"): (
+    **{
+        (_SPARSEMAX, context, "smallest <= tau", "(smallest < tau)"): (
+            "a support whose smallest entry equals the τ it gives is settled too: that entry adds x - τ = 0 to "
+            "Σ_S (x - τ) = 1, so τ is the solution with it or without it"
+        )
+        for context in (_SPARSEMAX_FIRST_SETTLED_TEST, "shrinking = _any_shrank(new_count, count, smallest <= tau)")
+    },
+    **{
+        (_CE, f"{flag},", flag, f"({flipped})"): (
+            "the direction a row's gradient pass walks its vocabulary blocks (AFTER_STATISTICS): the same elements, "
+            "each computed from its own logit"
+        )
+        for flag, flipped in (("True", "False"), ("False", "True"))
+    },
+    **{
+        ("liger_jax/kernels/divergence.py", _SIGN_CODES_LOAD, original, replacement): why
+        for original, replacement, why in [
+            ("byte_cols < n_bytes", "(byte_cols <= n_bytes)", _ONE_PAST_LOAD),
+            ("0", "(1)", _MASKED_FILL),
+        ]
+    },
+    (
+        "liger_jax/ops/_divergence_rows.py",
+        "rows, n_cols, implementation = gradient.shape[:-1], like.shape[-1], divergence.implementation",
+        "-1",
+        "(1)",
+    ): "the residual ``like`` is always [0, V]: its axis 1 is its last",
+    (_SPARSEMAX, _SPARSEMAX_FIRST_SETTLED_TEST, "1.0", "(2.0)"): (
         "any previous size above the first support's lets the first step's test of its smallest entry decide"
     ),
     (
@@ -864,9 +881,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "returns, which this launcher discards"
     ),
     (_CE_ROWS, "jax.ShapeDtypeStruct((n_rows, logits.shape[-1]), logits.dtype),", "-1", "(1)"): _FLCE_ONLY,
-    ("liger_jax/ops/_divergence_rows.py", "gradient = decoded_signs(gradient, like.shape[-1])", "-1", "(1)"): (
-        "the residual ``like`` is always [0, V]: its axis 1 is its last"
-    ),
     **{
         (
             _CE_ROWS,

@@ -265,9 +265,14 @@ def _store_grads(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_V_BLOCKS: tl.constexpr,
+    AFTER_STATISTICS: tl.constexpr,
 ):
     """grad_scale · dloss/dlogits of this program's rows, from their lse (and target logit, for TOKEN_SCALING): one
     read of the logits, one write. With HAS_WEIGHT the z-loss part is scaled by z_grad_scale instead.
+
+    AFTER_STATISTICS (the program just read the rows for their lse): walk back from the last block, the likeliest
+    still in L2 (H200, FLCE's 8192 × 128256 bf16 chunks: 1.96 → 1.79 ms). Alone (the backward from a saved lse)
+    the forward walk is faster (the same logits: 1.09 ms, 1.23 walked back).
 
     Each gradient element is stored after its logit was read, so the gradient may overwrite the logits in place.
     Ignored rows get a zero gradient; so does a label outside [0, n_cols), whose loss is NaN.
@@ -291,7 +296,9 @@ def _store_grads(
             z_scale *= p_target
     softmax_scale = 1.0 + 2.0 * z_loss_scale * lse
     for step in range(NUM_V_BLOCKS):
-        block = reversed_block(step, n_cols, BLOCK_V) // BLOCK_V
+        block = step
+        if AFTER_STATISTICS:
+            block = reversed_block(step, n_cols, BLOCK_V) // BLOCK_V
         offsets, cols, col_mask, c = _capped_tile(logits_ptr, rows, active, n_cols, block, softcap, BLOCK_ROWS, BLOCK_V)
         p = tl.exp(c - lse[:, None])
         is_target = cols[None, :] == labels[:, None]
@@ -429,6 +436,7 @@ def cross_entropy_loss_and_grad(
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,
+        True,
     )
 
 
@@ -483,4 +491,5 @@ def cross_entropy_grad(
         BLOCK_ROWS,
         BLOCK_V,
         NUM_V_BLOCKS,
+        False,
     )

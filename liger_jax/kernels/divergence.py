@@ -16,7 +16,8 @@ All of it is fp32 whatever the operands' dtypes; the logs are ``_fast_math.fast_
 log2). A term whose weight (y, p or q) is exactly 0 is 0 (0 · log 0 = 0), so classes masked to -inf in both
 operands give a finite loss. Rows whose label is ``ignore_index`` (when HAS_LABELS) are never loaded: loss 0,
 gradient 0. The gradient is ``grad_scale[row] · d(row loss)/dx``, rounded to the gradient's dtype once, when stored;
-or, SIGN_CODES, only its sign, as 2-bit codes four a byte (TVD's residual: its gradient is ±½ or 0 times a scale).
+or, SIGN_CODES, only its sign, as 2-bit codes four a byte (TVD's residual: its gradient is ±½ or 0 times a scale),
+which :func:`scaled_signs` turns into the gradient in the backward pass.
 """
 
 import triton
@@ -180,3 +181,24 @@ def divergence(
             tl.store(dinput_ptr + offsets, grad.to(dinput_ptr.dtype.element_ty), mask=stored)
     if not ELEMENTWISE:
         tl.store(loss_ptr + rows, total, mask=row_exists)
+
+
+@triton.jit
+def scaled_signs(
+    codes_ptr,  # [n_rows, ceil(n_cols / 4)] uint8: the divergence kernel's SIGN_CODES
+    scale_ptr,  # [n_rows] fp32
+    out_ptr,  # [n_rows, n_cols] any float dtype
+    n_cols: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """scale[row] · sign for the BLOCK_V columns ``program_id(1)`` of row ``program_id(0)``, each sign its code - 1
+    (the inverse of :func:`_store_sign_codes`): a read of the codes, a write of the scaled signs."""
+    row = tl.program_id(0).to(tl.int64)
+    n_bytes: tl.constexpr = (n_cols + 3) // 4
+    byte_cols = tl.program_id(1) * (BLOCK_V // 4) + tl.arange(0, BLOCK_V // 4)
+    codes = tl.load(codes_ptr + row * n_bytes + byte_cols, mask=byte_cols < n_bytes, other=0).to(tl.int32)
+    shifts = 2 * tl.arange(0, 4)
+    signs = tl.reshape(((codes[:, None] >> shifts[None, :]) & 3) - 1, (BLOCK_V,))
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    scaled = signs.to(tl.float32) * tl.load(scale_ptr + row)
+    tl.store(out_ptr + row * n_cols + cols, scaled.to(out_ptr.dtype.element_ty), mask=cols < n_cols)

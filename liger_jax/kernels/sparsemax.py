@@ -7,17 +7,18 @@ kernels need no sort. They run the fixed-point iteration of Michelot's algorithm
     τ ← (Σ_{x_j > τ} x_j - 1) / |{j : x_j > τ}|
 
 from τ = max(x) - 1, which lies below the solution (the largest output is at most 1). From any τ below the
-solution the step lands between τ and the solution, so τ rises and the support shrinks. The support S of a step is
-settled when its smallest entry lies above the τ it gives: then Σ_S (x - τ) = 1 with every term positive and every
-entry off S at most the previous τ, so τ is the solution. Each pass over a row sums the support's count and values
-and takes its smallest entry in one reduction, so the pass that finds the final support also proves it final (no
-pass to see the support stay). It takes at most D steps and, on LLM-like rows, a handful: the iteration starts on
-the few entries within 1 of the max (normal rows of 32768: 3-6 passes besides the max). A program iterates until
-every one of its rows is settled (or, under rounding, kept its support); a settled row recomputes the same τ.
+solution the step lands between τ and the solution, so τ rises and the support shrinks; once a step keeps the
+support, τ is the exact solution for it. It takes at most D steps and, on LLM-like rows, a handful: the iteration
+starts on the few entries within 1 of the max (normal rows of 32768: 4-7 passes besides the max). A program
+iterates until none of its rows' supports shrank; a row that already converged recomputes the same τ.
 
-A row that fits one tile stays in registers through the iteration. A longer one is walked in column blocks (see
-``liger_jax.kernels._row_maps``), one pass per iteration. All arithmetic is fp32; y and dx are rounded once to their
-dtype.
+A row that fits one tile stays in registers through the iteration, where a pass costs ALU work on every element
+(five operations for the support's size and sum), not bytes. A longer one is walked in column blocks (see
+``liger_jax.kernels._row_maps``), where a pass is a read of the row from memory; there each pass also takes the
+support's smallest entry (two operations more an element, in the same reduction), and a support is settled when
+that entry lies above the τ it gives: then Σ_S (x - τ) = 1 with every term positive and every entry off S at most the
+previous τ, so τ is the solution, and the pass that finds the final support also proves it final (no pass to see
+it stay). All arithmetic is fp32; y and dx are rounded once to their dtype.
 """
 
 import triton
@@ -34,9 +35,16 @@ def _sums_and_min(count0, total0, smallest0, count1, total1, smallest1):
 
 
 @triton.jit
-def _support(x, tau):
+def _support_sums(x, tau):
     """Per row of the fp32 tile ``x``, of its support {x > τ}: the size and the sum, both fp32 (a count is exact
-    below 2^24), and the smallest entry (+inf when empty), in one reduction."""
+    below 2^24), in one reduction."""
+    support = x > tau[:, None]
+    return row_sums2(support.to(tl.float32), tl.where(support, x, 0.0))
+
+
+@triton.jit
+def _support(x, tau):
+    """:func:`_support_sums` and the support's smallest entry (+inf when empty), in one reduction."""
     support = x > tau[:, None]
     statistics = (support.to(tl.float32), tl.where(support, x, 0.0), tl.where(support, x, float("inf")))
     return tl.reduce(statistics, 1, _sums_and_min)
@@ -63,11 +71,11 @@ def _threshold(count, total):
 
 
 @triton.jit
-def _any_unsettled(smallest, tau, count, previous_count):
-    """Whether some row's support holds an entry at or below the τ it gives, and shrank in this step: the program
+def _any_shrank(count, previous_count, unsettled):
+    """Whether some row whose support may not be final (``unsettled``) lost entries in this step: the program
     iterates again. (In exact arithmetic a support that did not shrink was settled a step before; under rounding
-    this keeps the sizes falling strictly while a program iterates, so it ends within D steps.)"""
-    return tl.sum(((smallest <= tau) & (count < previous_count)).to(tl.int32)) > 0
+    a settled test still ends with the sizes falling strictly while a program iterates, so within D steps.)"""
+    return tl.sum((unsettled & (count < previous_count)).to(tl.int32)) > 0
 
 
 @triton.jit
@@ -91,13 +99,13 @@ def sparsemax_fwd(
     zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
     if n_cols <= BLOCK_D:
         offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        count, total, smallest = _support(x, tl.max(x, axis=1) - 1.0)
-        tau = _threshold(count, total)
-        unsettled = _any_unsettled(smallest, tau, count, count + 1.0)
-        while unsettled:
-            new_count, total, smallest = _support(x, tau)
-            tau = _threshold(new_count, total)
-            unsettled = _any_unsettled(smallest, tau, new_count, count)
+        tau = tl.max(x, axis=1) - 1.0
+        count, total = _support_sums(x, tau)
+        shrinking = True
+        while shrinking:
+            tau = _threshold(count, total)
+            new_count, total = _support_sums(x, tau)
+            shrinking = _any_shrank(new_count, count, True)
             count = new_count
         tl.store(y_ptr + offsets, _projection(x, tau, zeros).to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -109,14 +117,14 @@ def sparsemax_fwd(
         )
         total, smallest = tl.split(total_and_smallest)
         tau = _threshold(count, total)
-        unsettled = _any_unsettled(smallest, tau, count, count + 1.0)
-        while unsettled:
+        shrinking = _any_shrank(count, count + 1.0, smallest <= tau)
+        while shrinking:
             new_count, total_and_smallest = fold_logit_blocks(
                 x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
             )
             total, smallest = tl.split(total_and_smallest)
             tau = _threshold(new_count, total)
-            unsettled = _any_unsettled(smallest, tau, new_count, count)
+            shrinking = _any_shrank(new_count, count, smallest <= tau)
             count = new_count
         store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
 

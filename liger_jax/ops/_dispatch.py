@@ -37,12 +37,14 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "fused_linear_distillation": 2**22,  # the student's logits it never builds: rows × V
     # Not measured yet: cross-entropy's threshold, as this reads [rows, V] operands in one pass the same way.
     "jsd": 2**22,  # input: rows × V
-    # Never by default: XLA's own fusion of these already makes the fewest passes (KL: the forward reads input and
-    # target, the backward reads the target and writes the gradient), and on the H200 at 8192 × 128256 bf16 the
-    # kernels measured 0.97-0.99x (KL) and 0.92x (TVD, its gradient's sign then kept in int8: four passes, as XLA's)
-    # of XLA's fwd+bwd. TVD's kernel now keeps the sign in 2 bits (3.25 passes); not yet measured.
+    # TVD keeps its gradient's sign in 2 bits and a kernel of its own scales them in the backward (3.25 passes over
+    # the operands in a training step, XLA's fusions four): on the H200 (2026-12-05, bf16 fwd+bwd) 1.14-1.35x XLA
+    # from 2048 × 32000 (65.5M elements, 1.25x) to 16384 × 128256; below that, cross-entropy's crossover.
+    "tvd": 2**22,  # input: rows × V
+    # Not by default: XLA's own fusion of KL already makes the fewest passes (the forward reads input and target,
+    # the backward reads the target and writes the gradient); on the H200 at 8192 × 128256 bf16 the kernel measured
+    # 0.97-0.99x XLA's fwd+bwd with tl.log, and 1.12x in one run with the approximate log (2026-12-05), not swept.
     "kl_div": 2**62,  # input: rows × V
-    "tvd": 2**62,  # input: rows × V
     # The catalog's sweeps on the H200 (2026-12-04, benchmarks.run --sweep tokens hidden positions channels, bf16
     # fwd+bwd; benchmarks/rows/2026-12-04d/sweeps.jsonl). GroupNorm: 3.78x XLA at 2.1M elements and 1.30x at 8.4M
     # with 512 channels, but 0.82x at 8.4M with 128 channels (16 × 4096 × 128) and 1.03-1.67x from 16.8M.
