@@ -5,7 +5,8 @@ sum over V of per-element terms; :class:`Divergence` says which terms (the kerne
 ``liger_jax.kernels.divergence``, has the formulas) and which rows are ignored. Everything here maps the operands to
 fp32 per-row losses (or per-element terms, ``elementwise``), and on request to ``grad_scale[row] · d(row loss)/dinput``
 computed in the same pass, as Liger does. Reductions over rows happen outside, in XLA (the count of non-ignored rows
-is a traced value), and so does the scaling by the loss's cotangent in the backward pass (:func:`reduced_loss`).
+is a traced value), and so does the scaling by the loss's cotangent in the backward pass (:func:`reduced_loss`),
+except TVD's: its forward keeps only the gradient's signs, which :func:`scaled_signs`' kernel decodes and scales.
 """
 
 import dataclasses
