@@ -514,6 +514,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         )
         for context in (_SPARSEMAX_FIRST_SETTLED_TEST, "shrinking = _any_shrank(new_count, count, smallest <= tau)")
     },
+    (_SPARSEMAX, _SPARSEMAX_FIRST_SETTLED_TEST, "1.0", "(2.0)"): (
+        "any previous size above the first support's lets the first step's test of its smallest entry decide"
+    ),
     **{
         (_CE, f"{flag},", flag, f"({flipped})"): (
             "the direction a row's gradient pass walks its vocabulary blocks (AFTER_STATISTICS): the same elements, "
@@ -534,9 +537,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "-1",
         "(1)",
     ): "the residual ``like`` is always [0, V]: its axis 1 is its last",
-    (_SPARSEMAX, _SPARSEMAX_FIRST_SETTLED_TEST, "1.0", "(2.0)"): (
-        "any previous size above the first support's lets the first step's test of its smallest entry decide"
-    ),
     (
         _SPARSEMAX,
         "row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, "
