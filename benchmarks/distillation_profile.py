@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks import draws, trace_summary
 from benchmarks.cases.distillation import BETA, HIDDEN, TEMPERATURE, TOKENS, VOCAB
-from benchmarks.hardware import MATMUL_FLOPS_PER_S
+from benchmarks.hardware import floor_ms
 from benchmarks.memory import compiled_memory
 
 OPS = ("fused_linear_distillation", "fused_linear_jsd")
@@ -58,7 +58,7 @@ def profile(op: str, rows: int, hidden: int, vocab: int, options: dict, trace_di
         jax.block_until_ready(result)
     summary = trace_summary.summarise(trace_summary.trace_file(trace_dir), TIMED_STEPS, top=20)
     ms = 1e3 * statistics.median(times)
-    floor = 1e3 * 4 * 2 * rows * hidden * vocab / MATMUL_FLOPS_PER_S
+    floor = floor_ms(0, 4 * 2 * rows * hidden * vocab)
     temp = compiled_memory(compiled)["temp_bytes"]
     bound = rows * vocab * 4 / 8
     dots = len(re.findall(r"\bdot\(|custom_call_target=\"__cublas", compiled.as_text()))

@@ -5,13 +5,17 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 
-# Measured on the H200 (DESIGN.md "Machines"): a large device-to-device copy moves ≈3.4 TB/s counting bytes read
-# plus bytes written, and a large bf16 matrix product runs at ≈650 TFLOP/s. The floors below use these, not the
-# datasheet's 4.8 TB/s and 990 TFLOP/s.
-HBM_BYTES_PER_S = 3.4e12
-MATMUL_FLOPS_PER_S = 650e12
-# H200 L2 is 60 MB; inputs are rotated over copies adding up to several times this, so no timed call finds its
-# inputs in cache.
+# Measured ceilings by JAX device kind: a large device-to-device copy's bytes read plus written per second, and a
+# large bf16 matrix product's rate (H200: DESIGN.md "Machines"; H100: the device tool's KINDS.md copy, 3.0 TB/s,
+# and a JAX 8192³ product, 646 TFLOP/s, 2026-12-05). The floors use these, not the datasheets' 4.8 / 3.35 TB/s and
+# 990 TFLOP/s. Other devices (and CPU smoke runs) get the H200's.
+CEILINGS = {
+    "NVIDIA H200": (3.4e12, 650e12),
+    "NVIDIA H100 80GB HBM3": (3.0e12, 650e12),
+}
+HBM_BYTES_PER_S, MATMUL_FLOPS_PER_S = CEILINGS["NVIDIA H200"]
+# H200 L2 is 60 MB (the H100's 50): inputs are rotated over copies adding up to several times this, so no timed call
+# finds its inputs in cache.
 L2_BYTES = 60 * 2**20
 
 VERSIONED_PACKAGES = (
@@ -28,9 +32,19 @@ VERSIONED_PACKAGES = (
 )
 
 
+def ceilings() -> tuple[float, float]:
+    """``(HBM bytes/s, bf16 matmul flop/s)`` of the first JAX device, from :data:`CEILINGS` (the H200's when its kind
+    is not listed)."""
+    import jax
+
+    return CEILINGS.get(jax.devices()[0].device_kind, (HBM_BYTES_PER_S, MATMUL_FLOPS_PER_S))
+
+
 def floor_ms(bytes_moved: float, flops: float) -> float:
-    """The least time the work can take: the larger of bytes over HBM bandwidth and flops over matmul rate (ms)."""
-    return 1e3 * max(bytes_moved / HBM_BYTES_PER_S, flops / MATMUL_FLOPS_PER_S)
+    """The least time the work can take on this device: the larger of bytes over its HBM bandwidth and flops over its
+    matmul rate (ms)."""
+    bandwidth, rate = ceilings()
+    return 1e3 * max(bytes_moved / bandwidth, flops / rate)
 
 
 def package_versions() -> dict[str, str]:

@@ -5,8 +5,8 @@ fwd+bwd of XLA, of ``liger_jax.ops._tiling.row_tiling``'s rule, and of candidate
 :class:`Grid`: one tile per row at several warp counts, with and without the backward's prefetch; column blocks of
 4096 and 8192 from D = 16384), as ``benchmarks.measure`` times every op (device time of back-to-back calls over
 rotated input copies). Prints, per (op, D), each candidate's forward and backward tilings, its forward, backward and
-fwd+bwd ms, their fractions of the HBM floor (bytes moved / 3.4 TB/s) and the fwd+bwd ratio to XLA, then the best
-candidate per mode; rows go to ``DIR/norm_tiling.jsonl`` as they are measured.
+fwd+bwd ms, their fractions of the HBM floor (bytes moved / the device's bandwidth, ``benchmarks.hardware``) and the
+fwd+bwd ratio to XLA, then the best candidate per mode; rows go to ``DIR/norm_tiling.jsonl`` as they are measured.
 
 A backward is fwd+bwd minus the forward timed with the same forward tiling (the forward never prefetches, so a
 prefetch variant is timed in fwd+bwd only; see ``benchmarks.tiling_sweep``). ``--registers`` instead compiles every

@@ -22,8 +22,11 @@ def test_plan_puts_targets_first_and_measures_each_case_once():
 
 
 def test_floor_is_the_larger_of_bandwidth_and_matmul_time():
+    # This CPU is no listed device: the H200's ceilings apply.
     assert floor_ms(3.4e9, 0) == pytest.approx(1.0)
     assert floor_ms(1.0, 650e9) == pytest.approx(1.0)
+    assert floor_ms(3.4e9, 650e9) == pytest.approx(1.0)
+    assert floor_ms(6.8e9, 650e9) == pytest.approx(2.0)
 
 
 def test_time_batches_reports_per_application_percentiles():

@@ -200,6 +200,10 @@ def test_tvd_sign_codes_decode_to_the_gradients_sign_column_by_column(n_cols):
     scale = jnp.asarray(np.arange(1.0, 6.0), jnp.float32)
     decoded = scaled_signs(codes, scale, n_cols, jnp.float32, KERNEL)
     np.testing.assert_array_equal(decoded, expected * np.arange(1.0, 6.0)[:, None])
+    # reduction="none": each element also times its own cotangent, the fp32 product rounded once
+    cotangent = _f32(_log_probs(27, (5, n_cols)))
+    decoded = scaled_signs(codes, scale, n_cols, jnp.float32, KERNEL, cotangent)
+    np.testing.assert_array_equal(decoded, (expected * np.arange(1.0, 6.0)[:, None] * cotangent).astype(np.float32))
     np.testing.assert_allclose(losses, 0.5 * np.abs(expected * (p - q)).sum(axis=-1), rtol=1e-5, atol=1e-7)
 
 

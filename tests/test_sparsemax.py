@@ -89,3 +89,21 @@ def test_finite_differences(implementation):
         check_grads(jax.jit(_sparsemax("xla")), (jnp.asarray(x, jnp.float64),), order=1, modes=["rev"], eps=1e-6)
     else:
         check_grads(jax.jit(_sparsemax(implementation)), (x,), order=1, modes=["rev"], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_masked_entries_at_minus_infinity_get_zero_and_leave_the_rest_a_sparsemax(implementation):
+    # Masked logits: a -inf entry is outside every support, and the rest is the sparsemax of the finite entries.
+    x = np.asarray(harness.random_normal(6, (3, 37), jnp.float32), np.float64)
+    masked = np.zeros(x.shape, bool)
+    masked[0, ::2], masked[1, 1:], masked[2, 30:] = True, True, True
+    x_masked = jnp.asarray(np.where(masked, -np.inf, x), jnp.float32)
+    dy = harness.random_normal(7, x.shape, jnp.float32)
+    y, (dx,) = harness.vjp_under_jit(_sparsemax(implementation), (x_masked,), dy)
+    for row in range(3):
+        kept = ~masked[row]
+        harness.assert_close(y[row][kept], activation_oracles.sparsemax(x[row][kept]), jnp.float32)
+        pullback = activation_oracles.sparsemax_pullback(x[row][kept], np.asarray(dy, np.float64)[row][kept])
+        harness.assert_close(dx[row][kept], pullback, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(y)[masked], 0.0)
+    np.testing.assert_array_equal(np.asarray(dx)[masked], 0.0)

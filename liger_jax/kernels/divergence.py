@@ -187,12 +187,15 @@ def divergence(
 def scaled_signs(
     codes_ptr,  # [n_rows, ceil(n_cols / 4)] uint8: the divergence kernel's SIGN_CODES
     scale_ptr,  # [n_rows] fp32
+    cotangent_ptr,  # [n_rows, n_cols] any float dtype, read only when PER_ELEMENT
     out_ptr,  # [n_rows, n_cols] any float dtype
     n_cols: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PER_ELEMENT: tl.constexpr,
 ):
-    """scale[row] · sign for the BLOCK_V columns ``program_id(1)`` of row ``program_id(0)``, each sign its code - 1
-    (the inverse of :func:`_store_sign_codes`): a read of the codes, a write of the scaled signs."""
+    """scale[row] · sign (· cotangent[row, col] when PER_ELEMENT, the product in fp32 rounded once) for the BLOCK_V
+    columns ``program_id(1)`` of row ``program_id(0)``, each sign its code - 1 (the inverse of
+    :func:`_store_sign_codes`): a read of the codes (and of the cotangent), a write of the result."""
     row = tl.program_id(0).to(tl.int64)
     n_bytes: tl.constexpr = (n_cols + 3) // 4
     byte_cols = tl.program_id(1) * (BLOCK_V // 4) + tl.arange(0, BLOCK_V // 4)
@@ -200,5 +203,8 @@ def scaled_signs(
     shifts = 2 * tl.arange(0, 4)
     signs = tl.reshape(((codes[:, None] >> shifts[None, :]) & 3) - 1, (BLOCK_V,))
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    in_row = cols < n_cols
     scaled = signs.to(tl.float32) * tl.load(scale_ptr + row)
-    tl.store(out_ptr + row * n_cols + cols, scaled.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+    if PER_ELEMENT:
+        scaled *= tl.load(cotangent_ptr + row * n_cols + cols, mask=in_row, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, scaled.to(out_ptr.dtype.element_ty), mask=in_row)

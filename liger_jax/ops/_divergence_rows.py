@@ -296,37 +296,46 @@ def row_losses_and_sign_codes(divergence: Divergence):
     return _kernel_losses_and_sign_codes(divergence, _tiling.current_override())
 
 
-def scaled_signs(codes: jax.Array, scale: jax.Array, n_cols: int, dtype, implementation: str) -> jax.Array:
+def scaled_signs(
+    codes: jax.Array, scale: jax.Array, n_cols: int, dtype, implementation: str, cotangent: jax.Array | None = None
+) -> jax.Array:
     """``scale[row] · sign`` ``[..., n_cols]`` in ``dtype``, each sign (-1, 0 or 1) read from
-    :func:`row_losses_and_sign_codes`' ``codes`` ``[..., ceil(n_cols / 4)]``; ``scale`` ``[...]`` fp32. One kernel:
-    a read of the codes, a write of the result (an XLA fusion of the same decode ran at half the H200's bandwidth)."""
-    return _scaled_signs_launcher(n_cols, jnp.dtype(dtype), implementation)(codes, scale)
+    :func:`row_losses_and_sign_codes`' ``codes`` ``[..., ceil(n_cols / 4)]``; ``scale`` ``[...]`` fp32. With a
+    ``cotangent`` ``[..., n_cols]`` each element is also multiplied by its own (in fp32, rounded once). One kernel:
+    a read of the codes (and the cotangent), a write of the result (an XLA fusion of the same decode ran at half the
+    H200's bandwidth)."""
+    launcher = _scaled_signs_launcher(n_cols, jnp.dtype(dtype), implementation, cotangent is not None)
+    return launcher(codes, scale) if cotangent is None else launcher(codes, scale, cotangent)
 
 
 @functools.cache
-def _scaled_signs_launcher(n_cols: int, dtype, implementation: str):
+def _scaled_signs_launcher(n_cols: int, dtype, implementation: str, per_element: bool):
     from liger_jax.kernels import divergence as kernels
 
     limit = INTERPRETER_MAX_BLOCK_V if implementation == "interpret" else SCALED_SIGNS_BLOCK_V
     block_v = max(MIN_SCALED_SIGNS_BLOCK_V, min(limit, _tiling.next_power_of_2(n_cols)))
 
-    def launch(codes, scale):
-        n_rows = scale.size
+    def launch(codes, scale, *cotangent):
+        rows, n_rows = scale.shape, scale.size
+        row_scale = scale.reshape(n_rows).astype(jnp.float32)
         result = runtime.launch(
             kernels.scaled_signs,
             codes.reshape(n_rows, codes.shape[-1]),
-            scale.reshape(n_rows).astype(jnp.float32),
+            row_scale,
+            cotangent[0].reshape(n_rows, n_cols) if per_element else row_scale,
             out_shape=jax.ShapeDtypeStruct((n_rows, n_cols), dtype),
             grid=(n_rows, _tiling.cdiv(n_cols, block_v)),
             implementation=implementation,
             num_warps=max(1, min(8, block_v // 1024)),
             n_cols=n_cols,
             BLOCK_V=block_v,
+            PER_ELEMENT=per_element,
         )
-        return result.reshape(*scale.shape, n_cols)
+        return result.reshape(*rows, n_cols)
 
-    sharded = partitioned(launch, "... c, ... -> ... v", replicated=("c", "v"))
-    return vmap_over_rows(sharded, row_argnums=(0, 1), reduces_rows=False)
+    rule = "... c, ..., ... v -> ... v" if per_element else "... c, ... -> ... v"
+    sharded = partitioned(launch, rule, replicated=("c", "v"))
+    return vmap_over_rows(sharded, row_argnums=(0, 1, 2) if per_element else (0, 1), reduces_rows=False)
 
 
 def reduced_loss(input, target, labels, divergence: Divergence, reduction: str) -> jax.Array:
@@ -364,14 +373,14 @@ def _reduced_loss_fwd(input, target, labels, divergence, reduction):
 def _reduced_loss_bwd(divergence, reduction, residuals, cotangent):
     del reduction
     gradient, factor, like = residuals
-    cotangent = cotangent.astype(jnp.float32)
     if divergence.kind != "tvd":
-        return (cotangent * gradient.astype(jnp.float32)).astype(like.dtype), None, None
+        return (cotangent.astype(jnp.float32) * gradient.astype(jnp.float32)).astype(like.dtype), None, None
     rows, n_cols, implementation = gradient.shape[:-1], like.shape[-1], divergence.implementation
-    if divergence.elementwise:  # a cotangent per element: the signs scaled in fp32, then by it, rounded once
-        signs = scaled_signs(gradient, jnp.broadcast_to(factor, rows), n_cols, jnp.float32, implementation)
-        return (cotangent * signs).astype(like.dtype), None, None
-    dinput = scaled_signs(gradient, jnp.broadcast_to(cotangent * factor, rows), n_cols, like.dtype, implementation)
+    if divergence.elementwise:
+        dinput = scaled_signs(gradient, jnp.broadcast_to(factor, rows), n_cols, like.dtype, implementation, cotangent)
+    else:
+        row_scale = jnp.broadcast_to(cotangent.astype(jnp.float32) * factor, rows)
+        dinput = scaled_signs(gradient, row_scale, n_cols, like.dtype, implementation)
     return dinput, None, None
 
 
