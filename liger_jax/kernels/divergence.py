@@ -206,5 +206,5 @@ def scaled_signs(
     in_row = cols < n_cols
     scaled = signs.to(tl.float32) * tl.load(scale_ptr + row)
     if PER_ELEMENT:
-        scaled *= tl.load(cotangent_ptr + row * n_cols + cols, mask=in_row, other=0.0).to(tl.float32)
+        scaled *= tl.load(cotangent_ptr + row * n_cols + cols, mask=in_row).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, scaled.to(out_ptr.dtype.element_ty), mask=in_row)
