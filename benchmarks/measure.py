@@ -65,8 +65,14 @@ def _compile_both(single: jax.stages.Lowered, copies: jax.stages.Lowered | None)
     return one, timed
 
 
-def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
-    """Times ``provider`` on ``case`` in ``mode`` and returns the row (timing, throughput, floor, memory)."""
+def timed_program(case: Case, provider: str, mode: str) -> tuple[Callable, Callable, Callable]:
+    """``(step, make, run)``: the jitted program that is timed, ``make(key)`` drawing one input set for it, and
+    ``run(step, columns, calls)`` calling it back to back on :func:`columns` of input sets (returns the last output).
+
+    ``step`` applies the mode's program to each input set in turn. In ``full`` mode an op whose dead inputs or
+    residual cotangent the case names donates them, and each call's gradients become the next call's (see
+    :func:`modes.recycling`).
+    """
     body, make = mode_program(case, provider, mode)
     recycled = mode == "full" and (bool(case.dead_argnums) or case.cotangent_is_residual)
     if recycled:
@@ -74,20 +80,29 @@ def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: boo
             body, case.diff_argnums, case.dead_argnums, cotangent_from_gradient=case.cotangent_is_residual
         )
         make = functools.partial(_split_draw, make, split)
-    timed = jax.jit(modes.over_copies(body), donate_argnums=1 if recycled else ())
+
+    def run(step: Callable, columns: list[list], calls: int) -> Any:
+        for _ in range(calls):
+            out = step(*columns)
+            if recycled:
+                columns[1] = [donated for donated, _ in out]
+        return out
+
+    return jax.jit(modes.over_copies(body), donate_argnums=1 if recycled else ()), make, run
+
+
+def measure_jax(case: Case, provider: str, mode: str, policy: Policy, smoke: bool) -> dict[str, Any]:
+    """Times ``provider`` on ``case`` in ``mode`` and returns the row (timing, throughput, floor, memory)."""
+    timed, make, run = timed_program(case, provider, mode)
     first = make(jax.random.key(0))
     count = copies_for(memory.tree_bytes(first), smoke)
-    columns = _columns([first] + [make(jax.random.key(seed)) for seed in range(1, count)])
-    single, compiled = _compile_both(timed.lower(*_columns([first])), None if count == 1 else timed.lower(*columns))
+    inputs = columns([first] + [make(jax.random.key(seed)) for seed in range(1, count)])
+    single, compiled = _compile_both(timed.lower(*columns([first])), None if count == 1 else timed.lower(*inputs))
     row = memory.compiled_memory(single)
 
     def run_batch(calls: int) -> float:
         start = time.perf_counter()
-        for _ in range(calls):
-            out = compiled(*columns)
-            if recycled:
-                columns[1] = [donated for donated, _ in out]
-        jax.block_until_ready(out)
+        jax.block_until_ready(run(compiled, inputs, calls))
         return time.perf_counter() - start
 
     timing = time_batches(run_batch, policy, ops_per_call=count)
@@ -100,7 +115,7 @@ def _split_draw(make: Callable, split: Callable, key: Any) -> tuple:
     return split(*make(key))
 
 
-def _columns(copies: list[tuple]) -> list[list]:
+def columns(copies: list[tuple]) -> list[list]:
     """The copies' k-th inputs, one list per k, as :func:`modes.over_copies` takes them."""
     return [list(column) for column in zip(*copies, strict=True)]
 

@@ -5,7 +5,7 @@ import functools
 
 import pytest
 
-from benchmarks import e2e, e2e_trial, peak, providers, report, run, targets, timing, tokamax_provider
+from benchmarks import e2e, e2e_trial, peak, providers, report, run, targets, timing, tokamax_provider, wall_and_busy
 from benchmarks import rows as results
 from benchmarks.case import MODES, shape_string
 from benchmarks.cases import OPS, build_case, off_line, sweep_line
@@ -212,6 +212,13 @@ def test_rms_norm_smoke_run_writes_every_output(tmp_path):
     assert {(r["provider"], r["status"]) for r in rows} == {("liger_jax", "ok"), ("xla", "ok"), tokamax}
     assert all(r["ms"] > 0 and r["temp_bytes"] is not None for r in rows if r["status"] == "ok")
     assert {"results.csv", "results.json", "RESULTS.md"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_wall_and_busy_runs_the_timed_program_donating_as_the_benchmark_does(capsys):
+    # cross_entropy's logits are donated: each call's gradient is the next call's logits (CPU: no device trace).
+    wall_and_busy.main(["cross_entropy:tokens=37,vocab=300", "--provider", "xla", "--dtype", "float32"])
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("cross_entropy tokens=37,vocab=300 xla: wall ") and "device busy 0.000" in line
 
 
 def test_distillation_memory_variant_is_the_plain_loss_in_bf16_chunks_of_its_size(monkeypatch):
