@@ -44,6 +44,14 @@ def test_a_wide_norm_on_a_gpu_default_runs_the_xla_path(gpu_default, monkeypatch
     np.testing.assert_array_equal(np.asarray(liger_jax.rms_norm(x, scale)), np.asarray(expected))
 
 
+def test_tvd_without_reduction_runs_the_xla_path_at_any_size(gpu_default, monkeypatch):
+    # Its own entry, not TVD's: with TVD's threshold at 1 element, reduction="none" still runs XLA.
+    monkeypatch.setitem(_dispatch.MIN_KERNEL_ELEMENTS, "tvd", 1)
+    p, q = (jax.nn.softmax(harness.random_normal(seed, (3, 40), jnp.float32)) for seed in (0, 1))
+    expected = liger_jax.tvd(p, q, reduction="none", implementation="xla")
+    np.testing.assert_array_equal(np.asarray(liger_jax.tvd(p, q, reduction="none")), np.asarray(expected))
+
+
 def test_an_explicit_triton_still_runs_the_kernel(gpu_default):
     assert _dispatch.resolve("triton", "rms_norm", 1) == "triton"
 
@@ -98,6 +106,7 @@ def _small_calls():
         "kl_div": (liger_jax.kl_div, (x, residual)),
         "jsd": (liger_jax.jsd, (x, residual)),
         "tvd": (liger_jax.tvd, (x, residual)),
+        "tvd_elementwise": (lambda *args, **kw: liger_jax.tvd(*args, reduction="none", **kw), (x, residual)),
         "group_norm": (lambda *args, **kw: liger_jax.group_norm(*args, num_groups=4, **kw), (x, scale, bias)),
         "dyt": (liger_jax.dyt, (x, scale[:1], scale, bias)),
         "poly_norm": (liger_jax.poly_norm, (x, scale[:3], bias[0])),

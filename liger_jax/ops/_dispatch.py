@@ -41,9 +41,15 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     # the operands in a training step, XLA's fusions four): on the H200 (2026-12-05, bf16 fwd+bwd) 1.14-1.35x XLA
     # from 2048 × 32000 (65.5M elements, 1.25x) to 16384 × 128256; below that, cross-entropy's crossover.
     "tvd": 2**22,  # input: rows × V
+    # TVD with reduction="none": not by default. Its fp32 per-element losses are an output and the cotangent an
+    # fp32 input of the same size, and XLA fuses forward and backward into one pass over all five arrays (14 bytes an
+    # element at bf16 operands, the kernels 14.25): on an H100 (2026-12-05, 8192 × 128256 bf16, device busy) 4.85 ms
+    # against the kernels' 5.53.
+    "tvd_elementwise": 2**62,  # input: rows × V
     # Not by default: XLA's own fusion of KL already makes the fewest passes (the forward reads input and target,
-    # the backward reads the target and writes the gradient); on the H200 at 8192 × 128256 bf16 the kernel measured
-    # 0.97-0.99x XLA's fwd+bwd with tl.log, and 1.12x in one run with the approximate log (2026-12-05), not swept.
+    # the backward reads the target and writes the gradient). Kernel against XLA, bf16 fwd+bwd: 0.97-0.99x on the
+    # H200 with tl.log, 1.12x in one run with the approximate log (2026-12-05); swept on an H100 (2026-12-05, 25 ms
+    # samples) 0.93-1.00x from 2048 × 32000 to 16384 × 128256.
     "kl_div": 2**62,  # input: rows × V
     # The catalog's sweeps on the H200 (2026-12-04, benchmarks.run --sweep tokens hidden positions channels, bf16
     # fwd+bwd; benchmarks/rows/2026-12-04d/sweeps.jsonl). GroupNorm: 3.78x XLA at 2.1M elements and 1.30x at 8.4M

@@ -49,7 +49,8 @@ def tvd(
     Numerics: fp32 whatever the operands' dtypes; the loss is fp32. The gradient is computed in the forward pass
     with the loss, in one read of both operands (as Liger does); its sign is kept in 2 bits an element (an eighth of a
     bf16 gradient's bytes) and scaled by ½, the reduction's divisor and the cotangent in the backward pass. ``target``
-    and ``labels`` get no gradient (as in Liger).
+    and ``labels`` get no gradient (as in Liger). With ``"none"`` the default implementation is ``"xla"`` (XLA fuses
+    the per-element losses and gradient into one pass; see ``liger_jax.ops._dispatch``).
 
     Args:
         input: ``[..., V]`` probabilities, float32, bfloat16 or float16 (float64 too under ``"xla"``).
@@ -71,7 +72,8 @@ def tvd(
     Example:
         >>> loss = liger_jax.tvd(jax.nn.softmax(student_logits), jax.nn.softmax(teacher_logits), labels)
     """
-    implementation = _dispatch.resolve(implementation, "tvd", np.size(input))
+    kernel_rule = "tvd_elementwise" if reduction == "none" else "tvd"
+    implementation = _dispatch.resolve(implementation, kernel_rule, np.size(input))
     divergence = _checked(input, target, labels, reduction, ignore_index, implementation)
     labels = row_labels(labels, input.shape)
     if implementation == "xla":
