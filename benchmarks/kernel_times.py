@@ -5,8 +5,9 @@
 Where ``benchmarks.row_tiling`` times whole programs, this splits one into its kernels (the forward's, the
 backward's, XLA's sums of partials), so a tiling that helps one kernel and hurts the other shows. Each case runs the
 op's liger_jax provider under its tiling rule, then with one-row tiles at each of ``--warps`` forced through
-``liger_jax.ops._tiling.overridden``; the cotangent is a separate input, as a next layer's gradient is. Prints one
-line per (case, tiling): the device's busy time per step and each kernel's.
+``liger_jax.ops._tiling.overridden``, in the very program ``benchmarks.run`` times (``full`` mode, one input copy,
+donated as it donates, so no kernel that writes over its cotangent makes XLA copy it first). Prints one line per
+(case, tiling): the device's busy time per step and each kernel's.
 """
 
 from __future__ import annotations
@@ -26,23 +27,18 @@ def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str
     the rule)."""
     import jax
 
-    from benchmarks import modes, trace_summary
+    from benchmarks import measure, trace_summary
     from benchmarks.cases import build_case
     from liger_jax.ops import _tiling
 
-    case = build_case(op, params, "bfloat16")
-    body, prepare = modes.program(case.providers["liger_jax"], case.diff_argnums, "full", draw_cotangent=True)
-    inputs = prepare(jax.jit(case.make_inputs)(jax.random.key(0)), jax.random.key(1))
-    # ``body`` is a new function per call, so jit traces it afresh, inside the override: the tiling is read then.
+    step, make, run = measure.timed_program(build_case(op, params, "bfloat16"), "liger_jax", "full")
+    inputs = measure.columns([make(jax.random.key(0))])
+    # ``step`` is a new jit per call, so it is traced afresh, inside the override: the tiling is read then.
     with _tiling.overridden(override) if override else contextlib.nullcontext():
-        step = jax.jit(body)
-        for _ in range(WARM_UP):
-            jax.block_until_ready(step(*inputs))
+        jax.block_until_ready(run(step, inputs, WARM_UP))
     log_dir = Path(tempfile.mkdtemp())
     with jax.profiler.trace(str(log_dir)):
-        for _ in range(STEPS):
-            out = step(*inputs)
-        jax.block_until_ready(out)
+        jax.block_until_ready(run(step, inputs, STEPS))
     summary = trace_summary.summarise(trace_summary.trace_file(log_dir), STEPS, top=8)
     return summary["device_busy_ms"], [(name, ms) for name, ms, _ in summary["device_top"]]
 
