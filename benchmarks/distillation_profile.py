@@ -52,11 +52,7 @@ def profile(op: str, rows: int, hidden: int, vocab: int, options: dict, trace_di
         started = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - started)
-    with jax.profiler.trace(str(trace_dir)):
-        for _ in range(TIMED_STEPS):
-            result = compiled(*args)
-        jax.block_until_ready(result)
-    summary = trace_summary.summarise(trace_summary.trace_file(trace_dir), TIMED_STEPS, top=20)
+    summary = trace_summary.profiled(lambda: compiled(*args), TIMED_STEPS, 20, trace_dir)
     ms = 1e3 * statistics.median(times)
     floor = floor_ms(0, 4 * 2 * rows * hidden * vocab)
     temp = compiled_memory(compiled)["temp_bytes"]

@@ -13,7 +13,6 @@ CEILINGS = {
     "NVIDIA H200": (3.4e12, 650e12),
     "NVIDIA H100 80GB HBM3": (3.0e12, 650e12),
 }
-HBM_BYTES_PER_S, MATMUL_FLOPS_PER_S = CEILINGS["NVIDIA H200"]
 # H200 L2 is 60 MB (the H100's 50): inputs are rotated over copies adding up to several times this, so no timed call
 # finds its inputs in cache.
 L2_BYTES = 60 * 2**20
@@ -37,7 +36,7 @@ def ceilings() -> tuple[float, float]:
     is not listed)."""
     import jax
 
-    return CEILINGS.get(jax.devices()[0].device_kind, (HBM_BYTES_PER_S, MATMUL_FLOPS_PER_S))
+    return CEILINGS.get(jax.devices()[0].device_kind, CEILINGS["NVIDIA H200"])
 
 
 def floor_ms(bytes_moved: float, flops: float) -> float:

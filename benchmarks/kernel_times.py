@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 STEPS = 15
 WARM_UP = 3
@@ -36,10 +34,7 @@ def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str
     # ``step`` is a new jit per call, so it is traced afresh, inside the override: the tiling is read then.
     with _tiling.overridden(override) if override else contextlib.nullcontext():
         jax.block_until_ready(run(step, inputs, WARM_UP))
-    log_dir = Path(tempfile.mkdtemp())
-    with jax.profiler.trace(str(log_dir)):
-        jax.block_until_ready(run(step, inputs, STEPS))
-    summary = trace_summary.summarise(trace_summary.trace_file(log_dir), STEPS, top=8)
+    summary = trace_summary.profiled(lambda: run(step, inputs, 1), STEPS, top=8)
     return summary["device_busy_ms"], [(name, ms) for name, ms, _ in summary["device_top"]]
 
 

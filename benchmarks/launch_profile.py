@@ -400,11 +400,7 @@ def _model_section(
         if variant in trace:
             log_dir = context.scratch / variant.replace(" ", "_")
             steps = 2 if context.smoke else 5
-            with jax.profiler.trace(str(log_dir)):
-                for _ in range(steps):
-                    loss = call()
-                jax.block_until_ready(loss)
-            row["trace"] = trace_summary.summarise(trace_summary.trace_file(log_dir), steps, top=30)
+            row["trace"] = trace_summary.profiled(call, steps, 30, log_dir)
         rows[variant] = row
     preset = "tiny" if context.smoke else preset
     return {"model": rows, "shape": {"preset": preset, "layers": config.num_layers, "batch": batch, "seq": seq}}

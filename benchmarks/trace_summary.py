@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # Host events that tell a launch path's cost apart: XLA's command buffers and custom calls, the driver's graph and
@@ -17,6 +19,19 @@ def trace_file(log_dir: Path) -> Path:
     runs = sorted((log_dir / "plugins" / "profile").iterdir(), key=lambda path: path.stat().st_mtime)
     [path] = runs[-1].glob("*.trace.json.gz")
     return path
+
+
+def profiled(step: Callable[[], object], steps: int, top: int = 12, log_dir: Path | None = None) -> dict:
+    """:func:`summarise` of a trace of ``steps`` calls of ``step()`` back to back (the last output waited for inside
+    the trace); the trace goes to ``log_dir`` (a new temporary folder when None)."""
+    import jax
+
+    log_dir = Path(tempfile.mkdtemp()) if log_dir is None else log_dir
+    with jax.profiler.trace(str(log_dir)):
+        for _ in range(steps):
+            out = step()
+        jax.block_until_ready(out)
+    return summarise(trace_file(log_dir), steps, top)
 
 
 def summarise(path: Path, steps: int, top: int = 12) -> dict:

@@ -12,10 +12,8 @@ per (case, provider), and the costliest host events where the wall time is over 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 CALLS = 20
 TRACED_CALLS = 10
@@ -37,10 +35,7 @@ def wall_and_busy(op: str, params: dict, provider: str, dtype: str = "bfloat16")
     start = time.perf_counter()
     jax.block_until_ready(run(step, inputs, CALLS))
     wall_ms = 1e3 * (time.perf_counter() - start) / CALLS
-    log_dir = Path(tempfile.mkdtemp())
-    with jax.profiler.trace(str(log_dir)):
-        jax.block_until_ready(run(step, inputs, TRACED_CALLS))
-    return wall_ms, trace_summary.summarise(trace_summary.trace_file(log_dir), TRACED_CALLS, top=6)
+    return wall_ms, trace_summary.profiled(lambda: run(step, inputs, 1), TRACED_CALLS, top=6)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
