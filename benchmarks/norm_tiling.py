@@ -46,20 +46,28 @@ class Grid:
         tile_warps: warp counts for one tile per row, each kept where a thread gets 16 to 64 of the tile's
             elements; tiles of up to ``_tiling.MEASURED_TILE_LIMIT`` also with the backward's prefetch flipped
             (wider ones spill when they prefetch: see ``--registers``).
-        column_blocks: ``(block_d, warps)`` of the column-block candidates, for rows of ``loop_from`` or more.
+        column_blocks: ``(block_d, warps, column_splits)`` of the column-block candidates, for rows of ``loop_from``
+            or more (``column_splits`` None: the rule's splits of the backward).
         loop_from: the shortest row that gets column-block candidates (shorter rows fit one tile without spilling).
     """
 
     tokens: int
     hidden: tuple[int, ...]
     tile_warps: tuple[int, ...]
-    column_blocks: tuple[tuple[int, int], ...]
+    column_blocks: tuple[tuple[int, int, int | None], ...]
     loop_from: int
 
 
-GPU_GRID = Grid(TOKENS, HIDDEN, (4, 8, 16, 32), column_blocks=((4096, 8), (4096, 16), (8192, 16)), loop_from=16384)
-# On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial).
-SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8),), loop_from=1)
+GPU_GRID = Grid(
+    TOKENS,
+    HIDDEN,
+    (4, 8, 16, 32),
+    column_blocks=((4096, 8, None), (4096, 16, None), (8192, 16, None), (8192, 16, 2), (8192, 16, 4)),
+    loop_from=16384,
+)
+# On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
+# in one program a row and split among 3.
+SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1)
 
 
 def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
@@ -78,14 +86,15 @@ def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
                 override = _tiling.TilingOverride(block_d=single, num_warps=warps, prefetch=flipped)
                 variant = "prefetch" if flipped else "no-prefetch"
                 chosen.append(Candidate(f"tile/w{warps}/{variant}", override))
-    for block, warps in grid.column_blocks if n_cols >= grid.loop_from else ():
+    for block, warps, splits in grid.column_blocks if n_cols >= grid.loop_from else ():
         if block < n_cols:
-            chosen.append(Candidate(f"cols{block}/w{warps}", _tiling.TilingOverride(block_d=block, num_warps=warps)))
+            override = _tiling.TilingOverride(block_d=block, num_warps=warps, column_splits=splits)
+            chosen.append(Candidate(f"cols{block}/w{warps}" + (f"/split{splits}" if splits else ""), override))
     return tiling_sweep.distinct(chosen, functools.partial(_tilings, n_cols))
 
 
 def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
-    """``rows x block_d/wW[/pf][/loop]``: the tiling a forward or backward launch gets."""
+    """``rows x block_d/wW[/pf][/loop][/splitS]``: the tiling a forward or backward launch gets."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
@@ -93,6 +102,7 @@ def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) 
         f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
+        + (f"/split{override.column_splits}" if reduces_rows and override and override.column_splits else "")
     )
 
 

@@ -252,7 +252,7 @@ class Launch:
 
     def settings(self) -> str:
         """``BLOCK_ROWS=..,BLOCK_D=../w16/s1``: the block constexprs, warps and stages."""
-        blocks = ",".join(f"{k}={v}" for k, v in self.constexprs if k.startswith(("BLOCK_", "PREFETCH")))
+        blocks = ",".join(f"{k}={v}" for k, v in self.constexprs if k.startswith(("BLOCK_", "PREFETCH", "COLUMN_")))
         return f"{blocks}/w{self.num_warps}/s{self.num_stages}"
 
 

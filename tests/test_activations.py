@@ -89,7 +89,7 @@ def test_any_axis_matches_the_oracle_along_it(implementation, name, axis):
     harness.assert_close(dx, expected_dx, jnp.float32)
 
 
-@pytest.mark.parametrize("tiling", harness.FORCED_TILINGS)
+@pytest.mark.parametrize("tiling", ["column_blocks", "no_prefetch"])  # column splits: the norms' backward only
 @pytest.mark.parametrize("name", ROW_MAPS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_forced_tilings_match_float64_oracles(tiling, name, dtype):

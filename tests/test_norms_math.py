@@ -8,10 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 from jax.test_util import check_grads
 
 import liger_jax
-from liger_jax.kernels._rows import register_partial_blocks
+from liger_jax import runtime
+from liger_jax.kernels._rows import add_to_block, partial_blocks, reversed_split_block, split_blocks, store_blocks
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -191,21 +194,66 @@ def test_column_blocks_match_the_closed_forms(n_cols):
 
 
 @pytest.mark.parametrize(
-    ("n_cols", "block_d", "n_partials", "blocks"),
-    [(200, 64, 2, 4), (192, 64, 1, 4), (12000, 4096, 1, 4), (16384, 8192, 2, 2), (16385, 4096, 2, 0),
-     (32768, 4096, 1, 8), (32769, 4096, 1, 0)],
+    ("n_cols", "block_d", "n_partials", "splits"),
+    [(200, 64, 2, 1), (16384, 16384, 2, 1), (32768, 8192, 1, 1), (32769, 8192, 1, 2), (32768, 8192, 2, 2),
+     (16385, 8192, 2, 2), (65536, 8192, 2, 4), (65537, 8192, 1, 4), (262144, 8192, 8, 32)],
 )  # fmt: skip
-def test_partial_sums_stay_in_registers_up_to_the_limit(n_cols, block_d, n_partials, blocks):
-    # Column blocks rounded up to a power of two; beyond MAX_REGISTER_PARTIALS fp32 sums, memory.
-    assert register_partial_blocks(n_cols, block_d, n_partials) == blocks
+def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(n_cols, block_d, n_partials, splits):
+    # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; a row of one
+    # tile is never split; at one block a split, no further.
+    assert _tiling.MAX_REGISTER_PARTIALS == 32768
+    assert _tiling.column_splits(n_cols, block_d, n_partials) == splits
+    forced = _tiling.TilingOverride(column_splits=3)
+    assert _tiling.column_splits(n_cols, block_d, n_partials, forced) == (1 if n_cols <= block_d else 3)
+    with pytest.raises(ValueError, match="column_splits must be at least 1"):
+        _tiling.TilingOverride(column_splits=0)
+
+
+@triton.jit
+def _store_split_columns(
+    out_ptr, n_cols: tl.constexpr, BLOCK_D: tl.constexpr, COLUMN_SPLITS: tl.constexpr, SPLIT: tl.constexpr
+):
+    """Split SPLIT's second pass over its own column blocks with each column's index as its partial sum, stored."""
+    OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    first_col = SPLIT * OWN_BLOCKS * BLOCK_D
+    partials = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
+    for step in tl.range(0, OWN_BLOCKS):
+        col = reversed_split_block(step, first_col, OWN_BLOCKS, BLOCK_D)
+        partials = add_to_block(partials, col - first_col, (col + tl.arange(0, BLOCK_D)).to(tl.float32), BLOCK_D)
+    store_blocks(out_ptr, partials, first_col, n_cols, OWN_BLOCKS, BLOCK_D)
+
+
+@pytest.mark.parametrize(("n_cols", "block_d", "splits"), [(64, 32, 2), (100, 8, 3), (96, 8, 4), (37, 8, 2)])
+def test_each_split_stores_its_own_share_of_the_row_and_nothing_else(n_cols, block_d, splits):
+    # The row's blocks dealt out in order, ceil(blocks / splits) to a split: each split writes exactly its own
+    # columns (the rest stay NaN under the interpreter) and visits every one of its blocks once.
+    own = _tiling.cdiv(_tiling.cdiv(n_cols, block_d), splits) * block_d
+    for split in range(splits):
+        written = np.asarray(
+            runtime.launch(
+                _store_split_columns,
+                out_shape=jax.ShapeDtypeStruct((n_cols,), jnp.float32),
+                grid=(1,),
+                implementation=harness.KERNEL_IMPLEMENTATION,
+                n_cols=n_cols,
+                BLOCK_D=block_d,
+                COLUMN_SPLITS=splits,
+                SPLIT=split,
+            )
+        )
+        cols = np.arange(n_cols)
+        mine = (cols >= split * own) & (cols < (split + 1) * own)
+        np.testing.assert_array_equal(written[mine], cols[mine])
+        if harness.KERNEL_IMPLEMENTATION == "interpret":
+            assert np.isnan(written[~mine]).all()
 
 
 @pytest.mark.parametrize(("op", "n_cols"), [("rms_norm", 32769), ("fused_add_rms_norm", 32769), ("layer_norm", 16385)])
-def test_partial_sums_in_memory_match_the_closed_forms(op, n_cols):
-    # Rows too wide for a program's partial sums to stay in registers: each program adds its row tiles' sums up in
-    # memory (5 rows make 3 programs of up to 2 row tiles in the interpreter).
+def test_rows_split_among_programs_match_the_closed_forms(op, n_cols):
+    # Rows too wide for one program's partial sums: the rule's splits share each row's columns (5 rows, with the
+    # interpreter's programs shared among the splits, make one program of 5 row tiles a split).
     tiling = _tiling.row_tiling(n_cols, reduces_rows=True)
-    assert register_partial_blocks(n_cols, tiling.block_d, 2 if op == "layer_norm" else 1) == 0
+    assert _tiling.column_splits(n_cols, tiling.block_d, 2 if op == "layer_norm" else 1) == 2
     shape = (5, n_cols)
     x, residual, scale, bias, dy = (
         _normal(50 + i, s) for i, s in enumerate([shape, shape, (n_cols,), (n_cols,), shape])

@@ -2,6 +2,9 @@
 hooks they force on the kernels that tile rows their own way (GroupNorm, the divergences)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -91,3 +94,20 @@ def test_group_and_divergence_rules_take_the_override():
     divergence = _divergence_rows.block_tiling(128256, "triton")
     assert (divergence.block_d, divergence.block_rows, divergence.num_warps) == (4096, 1, 4)
     assert _divergence_rows.block_tiling(300, "triton", _tiling.TilingOverride(block_d=4096)).block_d == 512
+
+
+def test_norm_kernels_compile_for_the_gpu_in_one_tile_in_column_blocks_and_split():
+    # Triton's compiler rejects code its interpreter runs (a name rebound to another type in a loop): every kernel
+    # of every smoke candidate (one tile, column blocks, rows split among programs) compiled for sm_90, as a GPU
+    # would launch it, in a process without the interpreter.
+    environment = os.environ | {"TRITON_INTERPRET": "0"}
+    command = [sys.executable, "-m", "benchmarks.norm_tiling", "--registers", "--smoke", "--op", *norm_tiling.OPS]
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = [line.split() for line in done.stdout.splitlines()[1:]]
+    candidates = [c.label for c in norm_tiling.candidates(200, norm_tiling.SMOKE_GRID)]
+    assert "cols64/w8/split3" in candidates
+    for op in norm_tiling.OPS:
+        for label in candidates:
+            kernels = {row[3] for row in compiled if row[0] == op and row[2] == label}
+            assert kernels == {f"{op}_fwd", f"{op}_bwd"}, (op, label)

@@ -237,14 +237,6 @@ _FORWARD_MASKED_OR_ZERO_DY = (
     "in the forward a masked lane feeds only the masked store of y; in the backward it meets dy = 0 in every sum "
     "and its dx is not stored"
 )
-_BARRIER = (
-    "a barrier orders the threads of one program on the GPU; the interpreter runs each program as one thread, so "
-    "no CPU test can see where it stands (the GPU tests run this path)"
-)
-_PARTIALS_PLACE = (
-    "the size test only decides where a program's partial sums live (registers or its row of the partials in memory, "
-    "both paths tested): the same sums either way"
-)
 _DEAD_OPERAND_BUFFER = (
     "which dead operand's buffer dx takes (dy's or the other's) is memory only: the kernel reads each element of both "
     "before it writes it"
@@ -746,13 +738,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         )
         for path in (_RMS_NORM, _LAYER_NORM)
     },
-    **{
-        (path, f"PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, {rows})", *change): (
-            _PARTIALS_PLACE
-        )
-        for path, rows, change in [(_RMS_NORM, 1, ("1", "(2)")), (_LAYER_NORM, 2, ("2", "(3)"))]
-    },
-    ("liger_jax/kernels/_rows.py", "MAX_REGISTER_PARTIALS = 32768", "32768", "(32769)"): _PARTIALS_PLACE,
     (
         "liger_jax/kernels/_rows.py",
         "previous = tl.load(partial_row_ptr + cols, mask=(cols < n_cols) & accumulate, other=0.0)",
@@ -771,10 +756,6 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): _MEETS_ZERO_DY,
-    **{
-        (path, "if not PARTIAL_BLOCKS:", "not PARTIAL_BLOCKS", "(PARTIAL_BLOCKS)"): _BARRIER
-        for path in (_RMS_NORM, _LAYER_NORM)
-    },
     (
         _GROUP_NORM,
         "return channels, (local < GROUPS_PER_BLOCK * GROUP_SIZE) & (channels < n_channels)",

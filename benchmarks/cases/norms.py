@@ -11,8 +11,12 @@ TOKENS = 16384  # a 4 × 4096-token batch
 SMALL = {"tokens": 2048, "hidden": 768}  # the main job's small preset, batch 16 × 128: launch-bound
 SWEEPS = {
     "tokens": ("tokens", [SMALL, *({"tokens": n, "hidden": HIDDEN} for n in (2048, 8192, 16384, 65536))]),
-    # 16384: Llama-3-405B's width; 32768: twice that (issue 19: no width may fall off a cliff).
-    "hidden": ("hidden", [{"tokens": TOKENS, "hidden": d} for d in (1024, 2048, 4096, 8192, 16384, 32768)]),
+    # 16384: Llama-3-405B's width; 256 to 65536: issue 19's range, where no width may fall off a cliff (the widest
+    # rows are split among programs in the backward).
+    "hidden": (
+        "hidden",
+        [{"tokens": TOKENS, "hidden": d} for d in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)],
+    ),
 }
 SMOKE = [({"tokens": 37, "hidden": 96}, "float32"), ({"tokens": 64, "hidden": 128}, "bfloat16")]
 

@@ -6,9 +6,13 @@ column blocks, the last one partial, in two passes: one for the row statistics, 
 kernels write that count inside ``range(...)`` rather than naming it: Triton's interpreter turns every assigned
 value into a tensor, and ``range`` of a tensor fails there.)
 
-A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. A program walking
-column blocks keeps them in registers, as [blocks, BLOCK_D], when :func:`register_partial_blocks` says they fit;
-otherwise it adds each row tile's sums to its row of partials in memory (:func:`add_to_partial`).
+A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. The norms' backward
+kernels keep them in registers, as [blocks, BLOCK_D], also for rows walked in column blocks: there COLUMN_SPLITS
+programs share each row (neighbours in launch order: :func:`program_and_split`), each reads the whole row for the row
+statistics (from L2 after the first) and then writes dx and sums the partials of its own :func:`split_blocks` only, so
+its partials stay within the registers (``liger_jax.ops._tiling.column_splits`` picks the count). DyT's backward,
+which needs no row statistic, adds each row tile's sums to its row of partials in memory instead
+(:func:`add_to_partial`).
 
 ``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
 divisibility-by-16 specialisation, and a runtime row stride or column bound leaves Triton unable to prove that a
@@ -19,13 +23,6 @@ column block starts at a multiple of the constexpr BLOCK_D, which keeps the alig
 
 import triton
 import triton.language as tl
-
-# The most fp32 partial sums a program keeps in registers while it walks column blocks: 128 KB, half the register
-# file of an H200 SM, which one 16-warp program fills. ptxas (sm_90, Triton 3.6, bf16 and fp32 weights) gives the
-# norms' backward in 8192-column blocks 86-128 registers a thread at 16 warps and no spills at 16384 columns
-# (LayerNorm's dscale and dbias: 32768 sums), where one 16384-column tile spills 164-272 bytes; at 32768 columns
-# RMSNorm's dscale takes 195-207 registers at 8 warps without spilling (220 bytes at 16 warps; the fused add's 0).
-MAX_REGISTER_PARTIALS = 32768
 
 
 @triton.jit
@@ -96,12 +93,33 @@ def load_weights_again(ptr, cols, n_cols):
 
 
 @triton.constexpr_function
-def register_partial_blocks(n_cols, block_d, n_partials):
-    """How many column blocks of ``block_d`` a program keeps its ``n_partials`` rows of partial sums [n_cols] in,
-    in registers: a power of two (tl.arange's shapes), the blocks past the row's end unused; 0 when the sums are
-    more than MAX_REGISTER_PARTIALS and stay in memory."""
-    blocks = triton.next_power_of_2((n_cols + block_d - 1) // block_d)
-    return blocks if n_partials * blocks * block_d <= MAX_REGISTER_PARTIALS else 0
+def split_blocks(n_cols, block_d, column_splits):
+    """How many column blocks of ``block_d`` each of a row's ``column_splits`` programs owns (the last split's may
+    pass the row's end)."""
+    blocks = (n_cols + block_d - 1) // block_d
+    return (blocks + column_splits - 1) // column_splits
+
+
+@triton.constexpr_function
+def partial_blocks(n_cols, block_d, column_splits):
+    """The blocks of a split's partial sums in registers, [partial_blocks, block_d]: :func:`split_blocks` rounded up
+    to a power of two (tl.arange's shapes); the blocks past the split's own are never stored."""
+    return triton.next_power_of_2(split_blocks(n_cols, block_d, column_splits))
+
+
+@triton.jit
+def program_and_split():
+    """``(program, split)`` of a kernel launched on the grid ``(COLUMN_SPLITS, programs)``: the splits of a row are
+    neighbours in launch order, so they run at the same time and all but one read the whole row in their first
+    pass from L2."""
+    return tl.program_id(1).to(tl.int64), tl.program_id(0)
+
+
+@triton.jit
+def reversed_split_block(step, first_col, OWN_BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The first column of the block that a split's second pass visits at ``step``, its last block first (see
+    :func:`reversed_block`), for a split whose OWN_BLOCKS blocks start at column ``first_col``."""
+    return first_col + (OWN_BLOCKS - 1 - step) * BLOCK_D
 
 
 @triton.jit
@@ -113,8 +131,9 @@ def add_to_block(partials, first_col, values, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def store_blocks(partial_row_ptr, partials, n_cols, BLOCK_D: tl.constexpr):
-    """Stores ``partials`` [blocks, BLOCK_D] fp32, block b at columns b · BLOCK_D, into a program's row of partial
-    sums."""
-    cols = tl.arange(0, partials.shape[0])[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-    tl.store(partial_row_ptr + cols, partials, mask=cols < n_cols)
+def store_blocks(partial_row_ptr, partials, first_col, n_cols, OWN_BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stores the first OWN_BLOCKS of ``partials`` [blocks, BLOCK_D] fp32, block b at column first_col + b · BLOCK_D
+    (those before ``n_cols``), into a program's row of partial sums."""
+    local = tl.arange(0, partials.shape[0])[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    mask = (local < OWN_BLOCKS * BLOCK_D) & (first_col + local < n_cols)
+    tl.store(partial_row_ptr + first_col + local, partials, mask=mask)

@@ -13,12 +13,14 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    add_to_partial,
     load_tile_again,
     load_weights_again,
-    register_partial_blocks,
+    partial_blocks,
+    program_and_split,
     reversed_block,
+    reversed_split_block,
     row_block,
+    split_blocks,
     store_blocks,
     tile,
 )
@@ -141,7 +143,7 @@ def _backward_in_tiles(
 ):
     """The backward of rows that fit one tile: the program's dscale and dbias stay in registers, and so do scale and
     the tile with PREFETCH; without, they are loaded again after the row sums (see ``_rows.load_tile_again``)."""
-    pid = tl.program_id(0).to(tl.int64)
+    pid = program_and_split()[0]
     first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
     rows = row_block(first_row, BLOCK_ROWS)
     cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
@@ -196,18 +198,20 @@ def _backward_in_column_blocks(
     dscale_partial_ptr,
     dbias_partial_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass for Σ g and Σ g · n, one for dx, dscale and
-    dbias. The program's dscale and dbias stay in registers if they fit (see ``liger_jax.kernels._rows``)."""
-    PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 2)
-    pid = tl.program_id(0).to(tl.int64)
-    if PARTIAL_BLOCKS:
-        dscale = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
-        dbias = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
+    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n, then
+    one over this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
+    ``liger_jax.kernels._rows``)."""
+    OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    pid, split = program_and_split()
+    split_first_col = split * OWN_BLOCKS * BLOCK_D
+    dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
+    dbias = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
@@ -221,11 +225,8 @@ def _backward_in_column_blocks(
             block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
             sum_g += block_g
             sum_gn += block_gn
-        if not PARTIAL_BLOCKS:
-            # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
-            tl.debug_barrier()
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
+        for step in range(OWN_BLOCKS):
+            first_col = reversed_split_block(step, split_first_col, OWN_BLOCKS, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
@@ -233,17 +234,10 @@ def _backward_in_column_blocks(
             dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
             tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dy_f32 = dy.to(tl.float32)
-            block_dscale, block_dbias = tl.sum(dy_f32 * normed, axis=0), tl.sum(dy_f32, axis=0)
-            if PARTIAL_BLOCKS:
-                dscale = add_to_block(dscale, first_col, block_dscale, BLOCK_D)
-                dbias = add_to_block(dbias, first_col, block_dbias, BLOCK_D)
-            else:
-                later_tile = tile_index > 0
-                add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, block_dscale, later_tile)
-                add_to_partial(dbias_partial_ptr + pid * n_cols, cols, n_cols, block_dbias, later_tile)
-    if PARTIAL_BLOCKS:
-        store_blocks(dscale_partial_ptr + pid * n_cols, dscale, n_cols, BLOCK_D)
-        store_blocks(dbias_partial_ptr + pid * n_cols, dbias, n_cols, BLOCK_D)
+            dscale = add_to_block(dscale, first_col - split_first_col, tl.sum(dy_f32 * normed, axis=0), BLOCK_D)
+            dbias = add_to_block(dbias, first_col - split_first_col, tl.sum(dy_f32, axis=0), BLOCK_D)
+    store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
+    store_blocks(dbias_partial_ptr + pid * n_cols, dbias, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
 
 @triton.jit
@@ -259,6 +253,7 @@ def layer_norm_bwd(
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -266,8 +261,9 @@ def layer_norm_bwd(
 ):
     """dx = rstd · (g - mean(g) - n · mean(g · n)) with n = (x - mean) · rstd, g = dy · scale, row by row.
 
-    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes
-    its fp32 partial sums of dy · n (dscale) and dy (dbias) into row p of the partials; XLA adds the partials
+    Program p (split s; see ``_rows.program_and_split``) walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p ·
+    TILES_PER_PROGRAM · BLOCK_ROWS and writes its fp32 partial sums of dy · n (dscale) and dy (dbias) into row p of
+    the partials, at the columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials
     (deterministic, no atomics).
     """
     if n_cols <= BLOCK_D:
@@ -278,5 +274,5 @@ def layer_norm_bwd(
     else:
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
-            TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

@@ -6,8 +6,8 @@ elements apart. Statistics are always accumulated in fp32. The fused-add kernels
 
 A row that fits one tile (``n_cols <= BLOCK_D``) is loaded once and kept in registers. A longer row is walked in
 column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² and then normalises block by block; the
-backward sums g · n and then writes dx block by block, adding each block's dscale into the program's partial sums
-(in registers when they fit, else in its row of partials in memory: see ``liger_jax.kernels._rows``).
+backward sums g · n over the row and then writes dx over its split of the columns, adding each block's dscale into
+the program's partial sums in registers (see ``liger_jax.kernels._rows``).
 """
 
 import triton
@@ -15,12 +15,14 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    add_to_partial,
     load_tile_again,
     load_weights_again,
-    register_partial_blocks,
+    partial_blocks,
+    program_and_split,
     reversed_block,
+    reversed_split_block,
     row_block,
+    split_blocks,
     store_blocks,
     tile,
 )
@@ -258,7 +260,7 @@ def _backward_in_tiles(
 ):
     """The backward of rows that fit one tile: the program's dscale stays in registers, and so do scale and the tile
     with PREFETCH; without, they are loaded again after the row sums (see ``_rows.load_tile_again``)."""
-    pid = tl.program_id(0).to(tl.int64)
+    pid = program_and_split()[0]
     first_row = pid * TILES_PER_PROGRAM * BLOCK_ROWS
     rows = row_block(first_row, BLOCK_ROWS)
     cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
@@ -309,17 +311,19 @@ def _backward_in_column_blocks(
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass for Σ g · n and one for dx and dscale. The
-    program's dscale stays in registers if it fits (see ``liger_jax.kernels._rows``)."""
-    PARTIAL_BLOCKS: tl.constexpr = register_partial_blocks(n_cols, BLOCK_D, 1)
-    pid = tl.program_id(0).to(tl.int64)
-    if PARTIAL_BLOCKS:
-        dscale = tl.zeros((PARTIAL_BLOCKS, BLOCK_D), dtype=tl.float32)
+    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g · n, then one over
+    this program's split of the columns for dx and dscale, whose partial sums stay in registers (see
+    ``liger_jax.kernels._rows``)."""
+    OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    pid, split = program_and_split()
+    split_first_col = split * OWN_BLOCKS * BLOCK_D
+    dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
@@ -330,23 +334,16 @@ def _backward_in_column_blocks(
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
         mean_gn = sum_gn / n_cols
-        if not PARTIAL_BLOCKS:
-            # Other threads of this program stored the previous tile's partial sums, which this pass adds to.
-            tl.debug_barrier()
-        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            first_col = reversed_block(step, n_cols, BLOCK_D)
+        for step in range(OWN_BLOCKS):
+            first_col = reversed_split_block(step, split_first_col, OWN_BLOCKS, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             scale = _load_scale(scale_ptr, cols, n_cols, offset)
             dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
             _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
-            if PARTIAL_BLOCKS:
-                dscale = add_to_block(dscale, first_col, tile_dscale, BLOCK_D)
-            else:
-                add_to_partial(dscale_partial_ptr + pid * n_cols, cols, n_cols, tile_dscale, tile_index > 0)
-    if PARTIAL_BLOCKS:
-        store_blocks(dscale_partial_ptr + pid * n_cols, dscale, n_cols, BLOCK_D)
+            dscale = add_to_block(dscale, first_col - split_first_col, tile_dscale, BLOCK_D)
+    store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
 
 @triton.jit
@@ -364,6 +361,7 @@ def _backward(
     ADD_COTANGENT: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -371,8 +369,9 @@ def _backward(
 ):
     """dx row by row and per-program partial sums of dscale, in one tile per row or in column blocks.
 
-    Program p walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS and writes
-    its fp32 partial sum of dy · n into row p of dscale_partial; XLA adds the partials (deterministic, no atomics).
+    Program p (split s; see ``_rows.program_and_split``) walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p ·
+    TILES_PER_PROGRAM · BLOCK_ROWS and writes its fp32 partial sum of dy · n into row p of dscale_partial, at the
+    columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials (deterministic, no atomics).
     """
     if n_cols <= BLOCK_D:
         _backward_in_tiles(
@@ -382,7 +381,7 @@ def _backward(
     else:
         _backward_in_column_blocks(
             dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
 
@@ -399,6 +398,7 @@ def rms_norm_bwd(
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -408,7 +408,7 @@ def rms_norm_bwd(
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
         dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
 
@@ -426,6 +426,7 @@ def fused_add_rms_norm_bwd(
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -437,5 +438,5 @@ def fused_add_rms_norm_bwd(
     """
     _backward(
         dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr,
-        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

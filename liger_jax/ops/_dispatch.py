@@ -71,16 +71,17 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
     "multi_token_attention": 2**24,  # scores: batch × heads × L × L
     "fused_neighborhood_attention": 2**20,  # query: batch × S × heads × head_dim
 }
-# Rows longer than this run XLA by default: from D = 32768 the norms' backward can no longer keep a row on chip and
-# walks it twice (column blocks). Measured on the H200 (4096 × 32768 bf16 fwd+bwd, 8192-column blocks): RMSNorm
-# 1.06x XLA, fused add+RMSNorm 1.48x; LayerNorm, whose backward sums two rows of partials, was 0.73-0.80x XLA with
-# 4096-column blocks (its bound stays at 16384, where the kernels are 1.5-2.5x XLA).
+# Rows longer than this run XLA by default. From D = 16384 the norms' backward walks each row in column blocks, its
+# weight-gradient partials in registers, the row split among neighbouring programs where they would not fit
+# (_tiling.column_splits). Measured on an H100 (2026-12-05, 16384 rows, bf16 fwd+bwd, kernel / XLA): RMSNorm 1.37x
+# at 32768, 1.05x at 65536; fused add+RMSNorm 1.79x, 1.30x; LayerNorm, whose backward sums two rows of partials,
+# 1.54x at 32768 and 1.00x at 65536. Wider rows are not measured.
 # DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
 # (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
 MAX_KERNEL_COLS: dict[str, int] = {
-    "rms_norm": 32768,
-    "layer_norm": 16384,
-    "fused_add_rms_norm": 32768,
+    "rms_norm": 65536,
+    "layer_norm": 32768,
+    "fused_add_rms_norm": 65536,
     "dyt": 16384,
     "modulated_rms_norm": 8192,
 }

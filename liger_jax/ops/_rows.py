@@ -51,6 +51,7 @@ def row_launcher(
     row_argnums: tuple[int, ...],
     implementation: runtime.Implementation,
     aliases: tuple[tuple[int, int], ...] = (),
+    column_splits: bool = False,
     **constexprs,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """A function of the kernel's array operands that launches ``kernel`` over all rows.
@@ -62,6 +63,9 @@ def row_launcher(
             statistics ``[...]``. The remaining operands (weights ``[D]``) are passed as they are.
         implementation: ``"triton"`` or ``"interpret"``.
         aliases: ``(operand, output)`` pairs whose buffers may be shared (the operand is dead after the call).
+        column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
+            in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
+            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
 
     Returns:
@@ -76,13 +80,14 @@ def row_launcher(
         row_argnums=row_argnums,
         implementation=implementation,
         aliases=aliases,
+        column_splits=column_splits,
         override=_tiling.current_override(),
         **constexprs,
     )
 
 
 @functools.cache
-def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, override, **constexprs):
+def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, column_splits, override, **constexprs):
     """:func:`row_launcher` for one tiling override (None: the rule's tiling)."""
     reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
 
@@ -90,11 +95,17 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, over
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
+        splits = 1
+        if column_splits:
+            n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
+            splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
         if reduces_rows:
-            programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation)
+            programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
             grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         else:
             programs, grid_constexprs = _tiling.cdiv(n_rows, tiling.block_rows), {}
+        if column_splits:
+            grid_constexprs["COLUMN_SPLITS"] = splits
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
@@ -104,7 +115,7 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, over
             *flat,
             n_rows,
             out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs],
-            grid=(programs,),
+            grid=(splits, programs) if column_splits else (programs,),
             implementation=implementation,
             num_warps=tiling.num_warps,
             num_stages=tiling.num_stages,

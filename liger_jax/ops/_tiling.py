@@ -43,6 +43,12 @@ COLUMN_BLOCK_WARPS = 16
 MEASURED_TILE_LIMIT = 8192
 WIDE_TILE_ELEMENTS_PER_WARP = 1024
 MAX_WARPS = 32
+# The most fp32 partial sums a backward program keeps in registers while it walks column blocks: 128 KB, half the
+# register file of an H200 SM, which one 16-warp program fills. ptxas (sm_90, Triton 3.6, bf16) for the norms'
+# backward in 8192-column blocks at 16 warps, each split's sums at this limit: RMSNorm 127 registers a thread at
+# 32768 columns (1 split) and at 65536 (2 splits), LayerNorm's dscale and dbias 124 at 32768 (2) and at 65536 (4),
+# no spills; one split more, 100 and 89. Twice the sums a program spill 504-3068 bytes a thread.
+MAX_REGISTER_PARTIALS = 32768
 # Programs per multiprocessor for kernels that reduce across rows: enough resident programs to keep HBM busy,
 # few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
 PROGRAMS_PER_SM = 4
@@ -94,6 +100,8 @@ class TilingOverride:
         prefetch: whether the backward kernels load the next row tile before computing this one (one-tile rows
             only; column blocks are never prefetched).
         num_stages: Triton's software-pipelining stages for the kernels' loops.
+        column_splits: programs that share each row walked in column blocks, in the norms' backward kernels
+            (see :func:`column_splits`); any count ≥ 1.
     """
 
     block_d: int | None = None
@@ -101,12 +109,15 @@ class TilingOverride:
     num_warps: int | None = None
     prefetch: bool | None = None
     num_stages: int | None = None
+    column_splits: int | None = None
 
     def __post_init__(self):
         for name in ("block_d", "block_rows"):
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"{name} must be a power of two, got {value}")
+        if self.column_splits is not None and self.column_splits < 1:
+            raise ValueError(f"column_splits must be at least 1, got {self.column_splits}")
 
 
 _OVERRIDE: contextvars.ContextVar[TilingOverride | None] = contextvars.ContextVar("row_tiling_override", default=None)
@@ -168,6 +179,19 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverr
     )
 
 
+def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOverride | None = None) -> int:
+    """How many programs share each row of ``n_cols`` in a backward kernel that walks column blocks of ``block_d``
+    and sums ``n_partials`` weight gradients over rows: each reads the whole row for the row statistics, then writes
+    dx and sums the partials of its own share of the blocks (``liger_jax.kernels._rows.split_blocks``), which must
+    fit MAX_REGISTER_PARTIALS fp32 registers. 1 for a row of one tile; else the override's count if it sets one."""
+    blocks, splits = cdiv(n_cols, block_d), 1
+    if blocks > 1 and override is not None and override.column_splits is not None:
+        return override.column_splits
+    while splits < blocks and n_partials * next_power_of_2(cdiv(blocks, splits)) * block_d > MAX_REGISTER_PARTIALS:
+        splits *= 2
+    return splits
+
+
 @functools.cache
 def _multiprocessor_count() -> int:
     return int(getattr(jax.devices()[0], "core_count", 0) or 132)
@@ -177,7 +201,7 @@ def reduction_grid(n_rows: int, tiling: RowTiling, implementation: str, segments
     """``(programs, tiles_per_program)`` for a kernel whose programs each walk a contiguous run of row tiles and
     emit one partial sum; every program has work, and together they cover all ``n_rows``. For ``segments``
     launched together (each its own ``n_rows``, programs = segments × the result's programs), the programs are
-    shared out among them."""
+    shared out among them; so they are among the column splits of a row (``column_splits``)."""
     if implementation == "interpret":
         limit = INTERPRETER_PROGRAMS
     else:
