@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 import liger_jax
 from liger_jax import runtime
-from liger_jax.kernels._rows import add_to_block, partial_blocks, reversed_split_block, split_blocks, store_blocks
+from liger_jax.kernels._rows import add_to_block, partial_blocks, reversed_block, split_blocks, store_blocks
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -218,7 +218,7 @@ def _store_split_columns(
     first_col = SPLIT * OWN_BLOCKS * BLOCK_D
     partials = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for step in tl.range(0, OWN_BLOCKS):
-        col = reversed_split_block(step, first_col, OWN_BLOCKS, BLOCK_D)
+        col = first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
         partials = add_to_block(partials, col - first_col, (col + tl.arange(0, BLOCK_D)).to(tl.float32), BLOCK_D)
     store_blocks(out_ptr, partials, first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 

@@ -44,7 +44,8 @@ def tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
 @triton.jit
 def reversed_block(step, n_cols: tl.constexpr, BLOCK_D: tl.constexpr):
     """The first column of the block that a row's second pass visits at ``step``: the last block first, so the
-    blocks the first pass read most recently, the likeliest to be still in L2, are read again soonest."""
+    blocks the first pass read most recently, the likeliest to be still in L2, are read again soonest. For a split
+    of the row, ``n_cols`` is its own blocks' width and the column counts from the split's first."""
     return ((n_cols + BLOCK_D - 1) // BLOCK_D - 1 - step) * BLOCK_D
 
 
@@ -113,13 +114,6 @@ def program_and_split():
     neighbours in launch order, so they run at the same time and all but one read the whole row in their first
     pass from L2."""
     return tl.program_id(1).to(tl.int64), tl.program_id(0)
-
-
-@triton.jit
-def reversed_split_block(step, first_col, OWN_BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The first column of the block that a split's second pass visits at ``step``, its last block first (see
-    :func:`reversed_block`), for a split whose OWN_BLOCKS blocks start at column ``first_col``."""
-    return first_col + (OWN_BLOCKS - 1 - step) * BLOCK_D
 
 
 @triton.jit

@@ -18,7 +18,6 @@ from liger_jax.kernels._rows import (
     partial_blocks,
     program_and_split,
     reversed_block,
-    reversed_split_block,
     row_block,
     split_blocks,
     store_blocks,
@@ -226,7 +225,7 @@ def _backward_in_column_blocks(
             sum_g += block_g
             sum_gn += block_gn
         for step in range(OWN_BLOCKS):
-            first_col = reversed_split_block(step, split_first_col, OWN_BLOCKS, BLOCK_D)
+            first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
