@@ -73,13 +73,14 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
 }
 # Rows longer than this run XLA by default. From D = 16384 the norms' backward walks each row in column blocks, its
 # weight-gradient partials in registers, the row split among neighbouring programs where they would not fit
-# (_tiling.column_splits). Measured on an H100 (2026-12-05, 16384 rows, bf16 fwd+bwd, kernel / XLA): RMSNorm 1.37x
-# at 32768, 1.05x at 65536; fused add+RMSNorm 1.79x, 1.30x; LayerNorm, whose backward sums two rows of partials,
-# 1.54x at 32768 and 1.00x at 65536. Wider rows are not measured.
+# (_tiling.column_splits). Measured (2026-12-05, 16384 rows, bf16 fwd+bwd, kernel / XLA) on the H200: RMSNorm 1.29x
+# at 32768, 0.97x at 65536; fused add+RMSNorm 1.81x, 1.31x; LayerNorm, whose backward sums two rows of partials,
+# 1.27x at 32768, 0.83x at 65536 (on an H100: RMSNorm 1.37x, 1.05x; fused add 1.80x, 1.30x; LayerNorm 1.54x, 1.00x).
+# Wider rows are not measured.
 # DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
 # (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
 MAX_KERNEL_COLS: dict[str, int] = {
-    "rms_norm": 65536,
+    "rms_norm": 32768,
     "layer_norm": 32768,
     "fused_add_rms_norm": 65536,
     "dyt": 16384,
