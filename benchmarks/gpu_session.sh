@@ -10,7 +10,8 @@
 #            mini and small, 3 runs each): median tokens/s in OUT/main_job/main_job.md
 #   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 575)
 #   tiling   the row kernels' tiling candidates (benchmarks.row_tiling) of the ops in TILING_OPS (default
-#            modulated_rms_norm, whose backward's prefetch is yet to be measured), tables in OUT/tiling
+#            modulated_rms_norm and sparsemax, whose backward's and forward's prefetch are yet to be measured),
+#            tables in OUT/tiling
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
 #            (default 540) (E2E_FLAGS=--remat for the rematerialised comparison)
@@ -63,7 +64,7 @@ for part in "${parts[@]}"; do
     tiling)
       # shellcheck disable=SC2086  # TILING_OPS is a list
       PYTHONUNBUFFERED=1 timeout "${TILING_TIMEOUT_S:-300}" python3 -m benchmarks.row_tiling \
-        --op ${TILING_OPS:-modulated_rms_norm} --out "$out/tiling" >"$out/tiling.log" 2>&1
+        --op ${TILING_OPS:-modulated_rms_norm sparsemax} --out "$out/tiling" >"$out/tiling.log" 2>&1
       tail -n 30 "$out/tiling.log"
       ;;
     e2e)

@@ -27,18 +27,19 @@ if TYPE_CHECKING:  # imported where used: providers.prepare_process must run bef
     from benchmarks.case import Case, Params
     from liger_jax.ops._tiling import RowTiling, TilingOverride
 
-# How each op's launches are tiled: "rows" (``_tiling.row_tiling``), "heavy" (with ``_heavy_rows``' warps; the
-# flag says whether the backward can prefetch row tiles: modulated RMSNorm's), "divergence", "group".
+# How each op's launches are tiled: "rows" (``_tiling.row_tiling``), "heavy" (with ``_heavy_rows``' warps),
+# "divergence", "group"; and which of its row kernels can prefetch row tiles, if one can: modulated RMSNorm's
+# backward, sparsemax's forward (it walks tiles: ``_rows.row_launcher``'s ``walks_tiles``).
 # ONE_TILE_OPS keep a row in one tile (no column-block path): their wide rows get the one-tile candidates.
 FAMILIES = {
-    "softmax": ("rows", False),
-    "sparsemax": ("rows", False),
-    "dyt": ("heavy", False),
-    "poly_norm": ("heavy", False),
-    "modulated_rms_norm": ("heavy", True),
-    "group_norm": ("group", False),
-    "kl_div": ("divergence", False),
-    "tvd": ("divergence", False),
+    "softmax": ("rows", None),
+    "sparsemax": ("rows", "forward"),
+    "dyt": ("heavy", None),
+    "poly_norm": ("heavy", None),
+    "modulated_rms_norm": ("heavy", "backward"),
+    "group_norm": ("group", None),
+    "kl_div": ("divergence", None),
+    "tvd": ("divergence", None),
 }
 ONE_TILE_OPS = frozenset({"poly_norm", "modulated_rms_norm"})
 OPS = tuple(FAMILIES)
@@ -62,21 +63,23 @@ def _label(override: TilingOverride) -> str:
     return "/".join(texts)
 
 
-def _row_alternatives(n_cols: int, family: str, prefetches: bool, one_tile: bool) -> list[TilingOverride]:
+def _row_alternatives(n_cols: int, family: str, prefetches: str | None, one_tile: bool) -> list[TilingOverride]:
     """Around ``_tiling.row_tiling``: warps and rows per tile for one-tile rows, column blocks (and stages in their
-    loop) for rows wider than MEASURED_TILE_LIMIT unless the kernel keeps a row in one tile, the backward's prefetch
-    forced on where it has one."""
+    loop) for rows wider than MEASURED_TILE_LIMIT unless the kernel keeps a row in one tile; the backward's prefetch
+    forced on where it has one, a walking forward's forced both ways (at the rule's warps and at 16)."""
     from liger_jax.ops import _tiling
 
+    walking = [_override(num_warps=warps, prefetch=p) for warps in (None, 16) for p in (True, False)]
     if n_cols > _tiling.MEASURED_TILE_LIMIT and not one_tile:
         tile = _tiling.next_power_of_2(n_cols)
-        return [
+        blocks = [
             _override(block_d=4096, num_warps=8),
             _override(block_d=8192, num_warps=16),
             _override(block_d=8192, num_warps=16, num_stages=2),
             _override(block_d=16384, num_warps=32),
             _override(block_d=tile, num_warps=16),
         ]
+        return walking + blocks[3:] if prefetches == "forward" else blocks
     if family == "heavy":  # the rule gives 8 elements a thread
         chosen = [
             _override(num_warps=8),
@@ -94,8 +97,10 @@ def _row_alternatives(n_cols: int, family: str, prefetches: bool, one_tile: bool
             _override(block_rows=4, num_warps=16),
             _override(block_rows=8, num_warps=32),
         ]
-    if prefetches:  # heavy rows prefetch only when forced (``_heavy_rows``); at 8 warps without spills
+    if prefetches == "backward":  # heavy rows prefetch only when forced (``_heavy_rows``); at 8 warps without spills
         chosen += [_override(prefetch=True), _override(num_warps=8, prefetch=True)]
+    if prefetches == "forward":
+        chosen += [o for o in walking if o.prefetch]
     return chosen
 
 
@@ -154,26 +159,33 @@ def tilings(op: str, params: Params) -> Callable[[TilingOverride | None], tuple[
             return functools.partial(_group_tilings, params)
         case _:
             describe = functools.partial(_row_tiling, op, _row_length(params), family == "heavy")
-            return lambda override: (describe(override, False), describe(override, prefetches))
+            return lambda override: (
+                describe(override, reduces_rows=False, walks_tiles=prefetches == "forward"),
+                describe(override, reduces_rows=prefetches == "backward", walks_tiles=False),
+            )
 
 
-def _describe(t: RowTiling, n_cols: int, reduces_rows: bool) -> str:
+def _describe(t: RowTiling, n_cols: int, prefetching: bool) -> str:
     """``rows x block/wW[/sS][/pf][/loop]``."""
     return (
         f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
         + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
-        + ("/pf" if reduces_rows and t.prefetch else "")
+        + ("/pf" if prefetching and t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
     )
 
 
-def _row_tiling(op: str, n_cols: int, heavy: bool, override: TilingOverride | None, reduces_rows: bool) -> str:
+def _row_tiling(
+    op: str, n_cols: int, heavy: bool, override: TilingOverride | None, *, reduces_rows: bool, walks_tiles: bool
+) -> str:
+    """The tiling ``_tiling.row_tiling`` gives ``op``'s launch (``reduces_rows`` and ``walks_tiles`` as its)."""
     from liger_jax.ops import _heavy_rows, _tiling
 
     if heavy:
         with tiling_sweep.forced(override):
             override = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=reduces_rows)
-    return _describe(_tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override), n_cols, reduces_rows)
+    tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
+    return _describe(tiling, n_cols, reduces_rows or walks_tiles)
 
 
 def _divergence_tilings(n_cols: int, override: TilingOverride | None) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax.ops import _tiling
 from tests import activation_oracles, harness
 
 
@@ -107,3 +108,30 @@ def test_masked_entries_at_minus_infinity_get_zero_and_leave_the_rest_a_sparsema
         harness.assert_close(dx[row][kept], pullback, jnp.float32)
     np.testing.assert_array_equal(np.asarray(y)[masked], 0.0)
     np.testing.assert_array_equal(np.asarray(dx)[masked], 0.0)
+
+
+@pytest.mark.parametrize(
+    ("shape", "block_rows"), [((111, 200), None), ((111, 200), 16), ((1, 7), None)], ids=["8_rows", "16_rows", "one"]
+)
+def test_programs_walking_row_tiles_with_the_next_one_prefetched(shape, block_rows):
+    # Prefetching forced (the rule does not prefetch yet) on small tiles: 111 rows in 14 tiles of 8 (3 interpreter
+    # programs walk 5 each: the last tile partial, one past the end) or in 7 of 16 (3 each), and a single row (its
+    # program prefetches a tile past the end).
+    x = harness.random_normal(8, shape, jnp.float32, scale=2.0)
+    dy = harness.random_normal(9, shape, jnp.float32)
+    with _tiling.overridden(_tiling.TilingOverride(prefetch=True, block_rows=block_rows)):
+        y, (dx,) = harness.vjp_under_jit(_sparsemax(harness.KERNEL_IMPLEMENTATION), (x,), dy)
+    x64 = np.asarray(x, np.float64)
+    harness.assert_close(y, activation_oracles.sparsemax(x64), jnp.float32)
+    harness.assert_close(dx, activation_oracles.sparsemax_pullback(x64, np.asarray(dy, np.float64)), jnp.float32)
+
+
+def test_the_forward_walks_row_tiles_only_where_prefetching_is_forced():
+    # Not yet timed on a GPU: the rule launches one tile a program; forced, resident programs of 32 warps in all per
+    # multiprocessor walk the tiles (column blocks never prefetch).
+    rule, forced = _tiling.row_tiling(32768, walks_tiles=True), _tiling.TilingOverride(prefetch=True)
+    assert not rule.prefetch and rule.num_warps == 32
+    for n_cols, warps in ((32768, 32), (16384, 16), (4096, 4)):
+        tiling = _tiling.row_tiling(n_cols, walks_tiles=True, override=forced)
+        assert tiling.prefetch and (tiling.num_warps, tiling.programs_per_sm) == (warps, 32 // warps)
+    assert not _tiling.row_tiling(65536, walks_tiles=True, override=forced).prefetch

@@ -111,3 +111,15 @@ def test_norm_kernels_compile_for_the_gpu_in_one_tile_in_column_blocks_and_split
         for label in candidates:
             kernels = {row[3] for row in compiled if row[0] == op and row[2] == label}
             assert kernels == {f"{op}_fwd", f"{op}_bwd"}, (op, label)
+
+
+def test_sparsemax_forward_compiles_for_the_gpu_walking_prefetched_row_tiles():
+    # 600 rows of 16384, prefetching forced by the "pf" candidates: 16 warps, 264 programs as a CPU plans them,
+    # walking 3 tiles each, so the loop and its prefetch are compiled (one tile a program leaves the prefetch dead).
+    environment = os.environ | {"TRITON_INTERPRET": "0"}
+    command = [sys.executable, "-m", "benchmarks.row_tiling", "--registers", "--op", "sparsemax"]
+    command += ["--shape", "tokens=600,cols=16384"]
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = {(row[2], row[3], row[4].split(",")[0]) for row in map(str.split, done.stdout.splitlines()[1:])}
+    assert {("rule", "sparsemax_fwd", "PREFETCH=False"), ("pf", "sparsemax_fwd", "PREFETCH=True")} <= compiled

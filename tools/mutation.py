@@ -536,6 +536,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): _UNREAD_ARGUMENT,
+    (_SPARSEMAX, "return _projection(x, tau, 0.0)", "0.0", "(1.0)"): (
+        "the projection never reads its third argument (the output signature of the row maps' column-block walk)"
+    ),
     (_ROPE, "if SECTION_T < ROTARY_DIM // 2:", "SECTION_T < ROTARY_DIM // 2", "(SECTION_T <= ROTARY_DIM // 2)"): (
         _ONE_PLANE
     ),

@@ -19,9 +19,24 @@ def load_logits(x_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.
     """Offsets, mask and the fp32 values of a tile of x, -inf in the columns past the row's end (they drop out of
     every max, exponential and support). Rows past n_rows read 0, which keeps their arithmetic finite; they are
     never stored."""
-    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    return offsets, mask, tl.where(cols[None, :] < n_cols, x, float("-inf"))
+    _, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    stored = load_stored_logits(x_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    return offsets, mask, as_logits(stored, first_col, n_cols, BLOCK_D)
+
+
+@triton.jit
+def load_stored_logits(x_ptr, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
+    """:func:`load_logits`' load: the tile's values in x's dtype (0 where masked). A prefetched tile held this way
+    takes half the registers of its fp32 values until :func:`as_logits` converts it."""
+    _, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    return tl.load(x_ptr + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def as_logits(stored, first_col, n_cols, BLOCK_D: tl.constexpr):
+    """The fp32 values of a tile from :func:`load_stored_logits`, as :func:`load_logits` returns them."""
+    cols = first_col + tl.arange(0, BLOCK_D)
+    return tl.where(cols[None, :] < n_cols, stored.to(tl.float32), float("-inf"))
 
 
 @triton.jit

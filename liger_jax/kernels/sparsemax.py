@@ -24,8 +24,14 @@ it stay). All arithmetic is fp32; y and dx are rounded once to their dtype.
 import triton
 import triton.language as tl
 
-from liger_jax.kernels._row_maps import fold_logit_blocks, load_logits, map_pair_rows, store_logit_blocks
-from liger_jax.kernels._rows import row_block, row_sums2
+from liger_jax.kernels._row_maps import (
+    as_logits,
+    fold_logit_blocks,
+    load_stored_logits,
+    map_pair_rows,
+    store_logit_blocks,
+)
+from liger_jax.kernels._rows import row_block, row_sums2, tile
 
 
 @triton.jit
@@ -85,48 +91,84 @@ def _projection(x, tau, unused):
 
 
 @triton.jit
+def _one_tile_projection(x):
+    """y = max(x - τ, 0) of the fp32 tile ``x`` of whole rows, τ found by the support iteration in registers."""
+    tau = tl.max(x, axis=1) - 1.0
+    count, total = _support_sums(x, tau)
+    shrinking = True
+    while shrinking:
+        tau = _threshold(count, total)
+        new_count, total = _support_sums(x, tau)
+        shrinking = _any_shrank(new_count, count, True)
+        count = new_count
+    return _projection(x, tau, 0.0)
+
+
+@triton.jit
+def _store_column_block_projection(
+    x_ptr, y_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    """Stores y = max(x - τ, 0) of ``rows``, each walked in column blocks: a pass for the max, one per support
+    iteration (each proving or not that its support settled), one for y."""
+    zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
+    row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
+    row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
+    empty = tl.join(zeros, zeros + float("inf"))
+    count, total_and_smallest = fold_logit_blocks(
+        x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+    )
+    total, smallest = tl.split(total_and_smallest)
+    tau = _threshold(count, total)
+    shrinking = _any_shrank(count, count + 1.0, smallest <= tau)
+    while shrinking:
+        new_count, total_and_smallest = fold_logit_blocks(
+            x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+        )
+        total, smallest = tl.split(total_and_smallest)
+        tau = _threshold(new_count, total)
+        shrinking = _any_shrank(new_count, count, smallest <= tau)
+        count = new_count
+    store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
+
+
+@triton.jit
 def sparsemax_fwd(
     x_ptr,  # [n_rows, n_cols] x.dtype
     n_rows,
     y_ptr,  # [n_rows, n_cols] x.dtype
+    PREFETCH: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """y = max(x - τ, 0) for BLOCK_ROWS rows, τ found by the support iteration, in one tile or in column blocks."""
-    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
-    zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
+    """y = max(x - τ, 0), τ found by the support iteration, for rows that fit one tile: program p walks
+    TILES_PER_PROGRAM tiles of BLOCK_ROWS rows, and with PREFETCH loads the next tile before iterating on this one
+    (where one program fills a multiprocessor, that load is the only one in flight during the iteration's
+    arithmetic); for longer rows, one row tile a program, walked in column blocks."""
+    first_tile = tl.program_id(0).to(tl.int64) * TILES_PER_PROGRAM
     if n_cols <= BLOCK_D:
-        offsets, mask, x = load_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        tau = tl.max(x, axis=1) - 1.0
-        count, total = _support_sums(x, tau)
-        shrinking = True
-        while shrinking:
-            tau = _threshold(count, total)
-            new_count, total = _support_sums(x, tau)
-            shrinking = _any_shrank(new_count, count, True)
-            count = new_count
-        tl.store(y_ptr + offsets, _projection(x, tau, zeros).to(y_ptr.dtype.element_ty), mask=mask)
+        rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
+        if PREFETCH:
+            stored = load_stored_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        for tile_index in range(TILES_PER_PROGRAM):
+            if not PREFETCH:
+                stored = load_stored_logits(x_ptr, rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+            next_rows = row_block((first_tile + tile_index + 1) * BLOCK_ROWS, BLOCK_ROWS)
+            if PREFETCH:
+                next_stored = load_stored_logits(x_ptr, next_rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+            y = _one_tile_projection(as_logits(stored, 0, n_cols, BLOCK_D))
+            # The addresses again rather than held through the iteration: registers are what a prefetch costs.
+            _, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+            tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+            rows = next_rows
+            if PREFETCH:
+                stored = next_stored
     else:
-        row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
-        row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
-        empty = tl.join(zeros, zeros + float("inf"))
-        count, total_and_smallest = fold_logit_blocks(
-            x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support
-        )
-        total, smallest = tl.split(total_and_smallest)
-        tau = _threshold(count, total)
-        shrinking = _any_shrank(count, count + 1.0, smallest <= tau)
-        while shrinking:
-            new_count, total_and_smallest = fold_logit_blocks(
-                x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
-            )
-            total, smallest = tl.split(total_and_smallest)
-            tau = _threshold(new_count, total)
-            shrinking = _any_shrank(new_count, count, smallest <= tau)
-            count = new_count
-        store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
+        tl.static_assert(TILES_PER_PROGRAM == 1, "column blocks are not prefetched: one row tile a program")
+        rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
+        _store_column_block_projection(x_ptr, y_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Launching a row-wise kernel: every ``[..., D]`` operand is a stack of rows, cut into tiles by ``_tiling``.
 
 The kernels this serves share one signature: the array operands, then ``n_rows``, then one pointer per output, then
-their own constexprs, ``PREFETCH`` and ``TILES_PER_PROGRAM`` (only kernels with a :class:`ColumnSum` output),
+their own constexprs, ``PREFETCH`` and ``TILES_PER_PROGRAM`` (kernels with a :class:`ColumnSum` output, and those
+launched with ``walks_tiles``),
 ``n_cols``, ``row_stride``, ``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``;
 a row longer than BLOCK_D is walked in column blocks).
 """
@@ -52,6 +53,7 @@ def row_launcher(
     implementation: runtime.Implementation,
     aliases: tuple[tuple[int, int], ...] = (),
     column_splits: bool = False,
+    walks_tiles: bool = False,
     **constexprs,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """A function of the kernel's array operands that launches ``kernel`` over all rows.
@@ -66,6 +68,8 @@ def row_launcher(
         column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
             in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
             ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
+        walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
+            ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
 
     Returns:
@@ -81,29 +85,34 @@ def row_launcher(
         implementation=implementation,
         aliases=aliases,
         column_splits=column_splits,
+        walks_tiles=walks_tiles,
         override=_tiling.current_override(),
         **constexprs,
     )
 
 
 @functools.cache
-def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, column_splits, override, **constexprs):
+def _row_launcher(
+    kernel, outputs, *, row_argnums, implementation, aliases, column_splits, walks_tiles, override, **constexprs
+):
     """:func:`row_launcher` for one tiling override (None: the rule's tiling)."""
     reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
 
     def launch(*operands):
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
-        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
+        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
         splits = 1
         if column_splits:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
-        if reduces_rows:
+        if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
-            grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         else:
-            programs, grid_constexprs = _tiling.cdiv(n_rows, tiling.block_rows), {}
+            programs, tiles_per_program = _tiling.cdiv(n_rows, tiling.block_rows), 1
+        grid_constexprs = {}
+        if reduces_rows or walks_tiles:
+            grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         if column_splits:
             grid_constexprs["COLUMN_SPLITS"] = splits
         flat = [

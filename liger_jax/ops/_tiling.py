@@ -75,8 +75,9 @@ def cdiv(a: int, b: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class RowTiling:
     """How a [n_rows, n_cols] row-wise kernel is cut: BLOCK_ROWS × BLOCK_D tiles, ``num_warps`` each, and (for
-    kernels that sum over rows) ``programs_per_sm`` resident programs walking the tiles, loading the next tile
-    before computing the current one when ``prefetch``. A row longer than ``block_d`` is walked in column blocks.
+    kernels that sum over rows, and a forward that walks tiles when it prefetches) ``programs_per_sm`` resident
+    programs walking the tiles, loading the next tile before computing the current one when ``prefetch``. A row
+    longer than ``block_d`` is walked in column blocks.
     """
 
     block_rows: int
@@ -97,8 +98,8 @@ class TilingOverride:
             shorter one gets one tile of its own length rounded up to a power of two.
         block_rows: rows per tile, a power of two.
         num_warps: warps per program.
-        prefetch: whether the backward kernels load the next row tile before computing this one (one-tile rows
-            only; column blocks are never prefetched).
+        prefetch: whether the backward kernels (and a forward that walks tiles) load the next row tile before
+            computing this one (one-tile rows only; column blocks are never prefetched).
         num_stages: Triton's software-pipelining stages for the kernels' loops.
         column_splits: programs that share each row walked in column blocks, in the norms' backward kernels
             (see :func:`column_splits`); any count ≥ 1.
@@ -142,7 +143,9 @@ def current_override() -> TilingOverride | None:
     return _OVERRIDE.get()
 
 
-def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverride | None = None) -> RowTiling:
+def row_tiling(
+    n_cols: int, *, reduces_rows: bool = False, walks_tiles: bool = False, override: TilingOverride | None = None
+) -> RowTiling:
     """Tile shape, warps and prefetching for rows of ``n_cols`` elements.
 
     Measured on the H200 (bf16, D = 1024, 4096, 8192; benchmarks/RESULTS.md): 2048-element tiles with 4 warps
@@ -150,8 +153,11 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverr
     the kernels that walk tiles and sum over rows want 8 warps, 2 programs per SM and prefetching from D = 4096.
     Wider rows follow the register counts (see the constants): one tile up to MAX_FORWARD_TILE_COLS and
     MAX_BACKWARD_TILE_COLS, without prefetching beyond MEASURED_TILE_LIMIT (a second tile does not fit), column
-    blocks beyond. ``override`` (see :func:`overridden`) replaces any of block_d, block_rows, warps, prefetching
-    and stages.
+    blocks beyond. A forward kernel that can walk row tiles (``walks_tiles``: sparsemax's, whose one-tile
+    iteration has no load in flight where one program fills a multiprocessor) walks them, the next one prefetched,
+    only where an override forces prefetching (not yet timed on a GPU), with programs of MAX_WARPS warps in all
+    per multiprocessor. ``override`` (see :func:`overridden`) replaces any of block_d, block_rows, warps,
+    prefetching and stages.
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
@@ -169,11 +175,16 @@ def row_tiling(n_cols: int, *, reduces_rows: bool = False, override: TilingOverr
     prefetch = reduces_rows and tile <= MEASURED_TILE_LIMIT
     if override.prefetch is not None:
         prefetch = override.prefetch
+    num_warps = override.num_warps or num_warps
+    if walks_tiles:
+        programs_per_sm = max(1, MAX_WARPS // num_warps)
+    else:
+        programs_per_sm = WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM
     return RowTiling(
         block_rows=block_rows,
         block_d=block_d,
-        num_warps=override.num_warps or num_warps,
-        programs_per_sm=WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM,
+        num_warps=num_warps,
+        programs_per_sm=programs_per_sm,
         prefetch=prefetch and one_tile,
         num_stages=override.num_stages or 1,
     )
@@ -198,10 +209,11 @@ def _multiprocessor_count() -> int:
 
 
 def reduction_grid(n_rows: int, tiling: RowTiling, implementation: str, segments: int = 1) -> tuple[int, int]:
-    """``(programs, tiles_per_program)`` for a kernel whose programs each walk a contiguous run of row tiles and
-    emit one partial sum; every program has work, and together they cover all ``n_rows``. For ``segments``
-    launched together (each its own ``n_rows``, programs = segments × the result's programs), the programs are
-    shared out among them; so they are among the column splits of a row (``column_splits``)."""
+    """``(programs, tiles_per_program)`` for a kernel whose programs each walk a contiguous run of row tiles (and
+    emit one partial sum, where it sums over rows); every program has work, and together they cover all
+    ``n_rows``. For ``segments`` launched together (each its own ``n_rows``, programs = segments × the result's
+    programs), the programs are shared out among them; so they are among the column splits of a row
+    (``column_splits``)."""
     if implementation == "interpret":
         limit = INTERPRETER_PROGRAMS
     else:
