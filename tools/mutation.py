@@ -441,7 +441,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         ]
         for context in contexts
     },
-    (_ROW_MAPS, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): (
+    (_ROW_MAPS, "return tl.load(x_ptr + offsets, mask=mask, other=0.0)", "0.0", "(1.0)"): (
         "a masked lane is a column past the row's end, -inf whatever was loaded, or a row past n_rows, finite either "
         "way and never stored"
     ),
