@@ -21,8 +21,6 @@ def along_axis(
     op: str,
     reference: Callable[..., jax.Array],
     kernels: Callable[[], tuple],
-    *,
-    forward_walks_tiles: bool = False,
 ) -> jax.Array:
     """A public row map's argument checks, dispatch and axis handling: ``op`` of ``x`` along ``axis``.
 
@@ -33,7 +31,6 @@ def along_axis(
         op: the op's name, as the size rule knows it.
         reference: ``reference(x, axis=...)``, the ``"xla"`` implementation.
         kernels: ``kernels() -> (forward_kernel, backward_kernel)`` for :func:`apply`.
-        forward_walks_tiles: as :func:`apply`'s.
 
     Returns:
         The map of x along ``axis``, x's shape and dtype.
@@ -47,50 +44,42 @@ def along_axis(
     if x.size == 0:
         return jnp.zeros_like(x)
     forward, backward = kernels()
-    return _axis.over_last_axis(
-        lambda rows: apply(rows, forward, backward, implementation, forward_walks_tiles=forward_walks_tiles), x, axis
-    )
+    return _axis.over_last_axis(lambda rows: apply(rows, forward, backward, implementation), x, axis)
 
 
-def apply(
-    x: jax.Array,
-    forward_kernel,
-    backward_kernel,
-    implementation: runtime.Implementation,
-    *,
-    forward_walks_tiles: bool = False,
-) -> jax.Array:
+def apply(x: jax.Array, forward_kernel, backward_kernel, implementation: runtime.Implementation) -> jax.Array:
     """``forward_kernel``'s map of ``x [..., D]`` (non-empty) over the last axis, differentiable through
     ``backward_kernel``.
 
     Both kernels are row kernels of the signature in ``liger_jax.ops._rows`` with no constexprs of their own:
-    ``forward(x, n_rows, y)`` and ``backward(dy, y, n_rows, dx)``; with ``forward_walks_tiles`` the forward also
-    takes PREFETCH and TILES_PER_PROGRAM (``_rows.row_launcher``'s ``walks_tiles``). Returns y, ``[..., D]`` in
-    x's dtype.
+    ``forward(x, n_rows, y)`` and ``backward(dy, y, n_rows, dx)``; a forward that also takes PREFETCH and
+    TILES_PER_PROGRAM walks row tiles (``_rows.row_launcher``'s ``walks_tiles``). Returns y, ``[..., D]`` in x's
+    dtype.
     """
-    return _row_map(x, forward_kernel, backward_kernel, implementation, forward_walks_tiles)
+    return _row_map(x, forward_kernel, backward_kernel, implementation)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def _row_map(x, forward_kernel, backward_kernel, implementation, forward_walks_tiles):
-    return _forward_launcher(forward_kernel, implementation, forward_walks_tiles)(x)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _row_map(x, forward_kernel, backward_kernel, implementation):
+    return _forward_launcher(forward_kernel, implementation)(x)[0]
 
 
-def _row_map_fwd(x, forward_kernel, backward_kernel, implementation, forward_walks_tiles):
-    y = _forward_launcher(forward_kernel, implementation, forward_walks_tiles)(x)[0]
+def _row_map_fwd(x, forward_kernel, backward_kernel, implementation):
+    y = _forward_launcher(forward_kernel, implementation)(x)[0]
     return y, y
 
 
-def _row_map_bwd(forward_kernel, backward_kernel, implementation, forward_walks_tiles, y, dy):
-    del forward_kernel, forward_walks_tiles
+def _row_map_bwd(forward_kernel, backward_kernel, implementation, y, dy):
+    del forward_kernel
     return _backward_launcher(backward_kernel, implementation)(dy, y)
 
 
 _row_map.defvjp(_row_map_fwd, _row_map_bwd)
 
 
-def _forward_launcher(kernel, implementation, walks_tiles):
+def _forward_launcher(kernel, implementation):
     """``(x,) -> (y,)`` through the kernel, vmap-able and sharded by rows."""
+    walks_tiles = "TILES_PER_PROGRAM" in kernel.arg_names
     return row_launcher(kernel, (Rows(),), row_argnums=(0,), implementation=implementation, walks_tiles=walks_tiles)
 
 

@@ -42,9 +42,7 @@ def sparsemax(x: jax.Array, *, axis: int = -1, implementation: runtime.Implement
     Example:
         >>> attention = liger_jax.sparsemax(scores, axis=-1)
     """
-    return _row_maps.along_axis(
-        x, axis, implementation, "sparsemax", sparsemax_reference, _kernels, forward_walks_tiles=True
-    )
+    return _row_maps.along_axis(x, axis, implementation, "sparsemax", sparsemax_reference, _kernels)
 
 
 def sparsemax_reference(x: jax.Array, *, axis: int = -1) -> jax.Array:
