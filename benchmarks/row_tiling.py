@@ -79,7 +79,9 @@ def _row_alternatives(n_cols: int, family: str, prefetches: str | None, one_tile
             _override(block_d=16384, num_warps=32),
             _override(block_d=tile, num_warps=16),
         ]
-        return walking + blocks[3:] if prefetches == "forward" else blocks
+        if prefetches == "forward":  # its prefetch both ways, then only the two widest blocks: at most 8 in all
+            return walking + blocks[3:]
+        return blocks
     if family == "heavy":  # the rule gives 8 elements a thread
         chosen = [
             _override(num_warps=8),
