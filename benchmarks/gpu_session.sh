@@ -32,7 +32,8 @@ for part in "${parts[@]}"; do
          tests/test_layer_norm.py tests/test_flax_layer_norm.py tests/test_norms_math.py tests/test_dispatch.py
          tests/test_triton_ffi.py"
         "tests/test_glu.py tests/test_rope.py tests/test_cross_entropy.py tests/test_flax_cross_entropy.py
-         tests/test_glu_math.py tests/test_rope_math.py tests/test_cross_entropy_math.py"
+         tests/test_glu_math.py tests/test_rope_math.py tests/test_cross_entropy_math.py tests/test_sparsemax.py
+         tests/test_softmax.py tests/test_activations.py"
         "tests/test_fused_linear_cross_entropy.py tests/test_vocab_parallel.py tests/test_sharding.py
          tests/test_sharded_training.py"
         "tests/test_swap.py tests/test_llama.py tests/test_tunix_swap.py tests/test_tunix_loss.py
