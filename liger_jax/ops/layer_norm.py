@@ -128,5 +128,5 @@ def _backward(implementation):
         (Rows(), ColumnSum(), ColumnSum()),
         row_argnums=(0, 1, 3, 4),
         implementation=implementation,
-        column_splits=True,
+        split_row_sums=2,
     )
