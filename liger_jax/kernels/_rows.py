@@ -128,9 +128,9 @@ def combine_row_sums(row_sums_ptr, arrivals_ptr, tile_index, split, sums, COLUMN
     fp32 row sums of the whole row, [BLOCK_ROWS, N] like ``sums``, this split's part of them.
 
     Each split stores its part into the tile's [BLOCK_ROWS, N, COLUMN_SPLITS] block of ``row_sums_ptr`` and counts
-    itself on ``arrivals_ptr[tile_index]`` (an int32 that starts at 0): the split that counts last adds up all the parts
-    (the same totals whichever split arrives last), the others get garbage totals and do nothing
-    more with the tile. No split waits for another, so this runs in any launch order, and in the interpreter.
+    itself on ``arrivals_ptr[tile_index]`` (an int32 that starts at 0): the split that counts last adds up all the
+    parts (the same totals whichever split arrives last); the others get zeros and do nothing more with the tile. No
+    split waits for another, so this runs in any launch order, and in the interpreter.
     """
     BLOCK_ROWS: tl.constexpr = sums.shape[0]
     N: tl.constexpr = sums.shape[1]

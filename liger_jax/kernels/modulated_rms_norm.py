@@ -19,8 +19,7 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import row_block, tile
 from liger_jax.kernels.rms_norm import (
-    _dscale,
-    _dx,
+    _gradients,
     _load_backward_tile,
     _load_scale,
     _normalized,
@@ -94,7 +93,7 @@ def _tile_backward(
     weight = _load_scale(weight_ptr, cols, n_cols, offset)
     dr = dy * (1.0 + _load_modulation(scale_ptr, rows, cols, mask, n_cols, ROWS_PER_MODULATION))
     mean_gn = _sum_g_normed(dr, x, rstd, weight) / n_cols
-    dx, dweight = _dx(dr, x, rstd, weight, mean_gn), _dscale(dr, x, rstd, CASTING)
+    dx, dweight = _gradients(dr, x, rstd, weight, mean_gn, CASTING)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     r = tl.where(mask, _normalized(x, rstd, weight, CASTING).to(x.dtype).to(tl.float32), 0.0)
     return dy, r, dweight

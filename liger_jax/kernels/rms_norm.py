@@ -208,26 +208,24 @@ def _sum_g_normed(dy, x, rstd, scale):
 
 
 @triton.jit
-def _dx(dy, x, rstd, scale, mean_gn):
-    """dx = rstd · (g - n · mean(g · n)) in fp32 for one tile, with n = x · rstd, g = dy · scale, where ``scale``
-    [BLOCK_D] fp32 already includes the offset; ``dy`` and ``x`` as loaded (x.dtype), ``rstd`` and ``mean_gn``
-    [BLOCK_ROWS] fp32, all 0 where masked. dx passes straight through the forward's roundings."""
-    normed = x.to(tl.float32) * rstd[:, None]
-    return rstd[:, None] * (dy.to(tl.float32) * scale[None, :] - normed * mean_gn[:, None])
+def _gradients(dy, x, rstd, scale, mean_gn, CASTING: tl.constexpr):
+    """``(dx, dscale)`` in fp32 of one tile: dx [BLOCK_ROWS, BLOCK_D] and the tile's dscale [BLOCK_D].
 
-
-@triton.jit
-def _dscale(dy, x, rstd, CASTING: tl.constexpr):
-    """Σ over the tile's rows of dy · n [BLOCK_D] fp32, n as the forward rounded it (that is what y's dependence on
-    scale is); ``dy`` and ``x`` as loaded, ``rstd`` [BLOCK_ROWS] fp32."""
+    dx = rstd · (g - n · mean(g · n)) with n = x · rstd, g = dy · scale, where ``scale`` [BLOCK_D] fp32 already
+    includes the offset; ``dy`` and ``x`` as loaded (x.dtype), ``rstd`` and ``mean_gn`` [BLOCK_ROWS] fp32, all 0
+    where masked. dscale multiplies dy by n as the forward rounded it (that is what y's dependence on scale is); dx
+    passes straight through the roundings.
+    """
+    dy = dy.to(tl.float32)
     x_f32 = x.to(tl.float32)
     normed = x_f32 * rstd[:, None]
+    dx = rstd[:, None] * (dy * scale[None, :] - normed * mean_gn[:, None])
     if CASTING == CASTING_LLAMA:
         normed = normed.to(x.dtype).to(tl.float32)
     elif CASTING == CASTING_NONE:
         rstd_in = rstd.to(x.dtype).to(tl.float32)
         normed = (x_f32 * rstd_in[:, None]).to(x.dtype).to(tl.float32)
-    return tl.sum(dy.to(tl.float32) * normed, axis=0)
+    return dx, tl.sum(dy * normed, axis=0)
 
 
 @triton.jit
@@ -297,8 +295,9 @@ def _backward_in_tiles(
             # 16384 columns and 16 warps; none this way).
             dy, x = load_tile_again(dy_ptr, offsets, mask), load_tile_again(x_ptr, offsets, mask)
             scale = offset + load_weights_again(scale_ptr, cols, n_cols).to(tl.float32)
-        _store_dx(_dx(dy, x, rstd, scale, mean_gn), dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
-        dscale += _dscale(dy, x, rstd, CASTING)
+        dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
+        _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
+        dscale += tile_dscale
         rows, offsets, mask = next_rows, next_offsets, next_mask
         if PREFETCH:
             dy, x, rstd = next_dy, next_x, next_rstd
@@ -344,8 +343,11 @@ def _backward_in_column_blocks(
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-            sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
-            dscale = add_to_block(dscale, first_col - split_first_col, _dscale(dy, x, rstd, CASTING), BLOCK_D)
+            scale = _load_scale(scale_ptr, cols, n_cols, offset)
+            sum_gn += _sum_g_normed(dy, x, rstd, scale)
+            # Only the tile's dscale: its dx, which needs the whole row's sum, is left unused (and compiled away).
+            tile_dscale = _gradients(dy, x, rstd, scale, sum_gn, CASTING)[1]
+            dscale = add_to_block(dscale, first_col - split_first_col, tile_dscale, BLOCK_D)
         is_last, sums = combine_row_sums(row_sums_ptr, arrivals_ptr, row_tile, split, sum_gn[:, None], COLUMN_SPLITS)
         if is_last:
             mean_gn = tl.reshape(sums, (BLOCK_ROWS,)) / n_cols
@@ -354,7 +356,7 @@ def _backward_in_column_blocks(
                 cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
                 dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
                 x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-                dx = _dx(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), mean_gn)
+                dx = _gradients(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), mean_gn, CASTING)[0]
                 _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 

@@ -191,12 +191,11 @@ def row_tiling(
         prefetch = override.prefetch
     prefetch = prefetch and one_tile and (reduces_rows or prefetches)
     num_warps = override.num_warps or num_warps
-    walks = reduces_rows
     if walks_tiles and one_tile:
         programs_per_sm, walks = max(1, MAX_WARPS // num_warps), prefetch
     else:
         programs_per_sm = WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM
-        walks = walks or (walks_tiles and override.programs_per_sm is not None)
+        walks = reduces_rows or (walks_tiles and override.programs_per_sm is not None)
     return RowTiling(
         block_rows=block_rows,
         block_d=block_d,
