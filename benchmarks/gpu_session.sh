@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the H200: what a session has to check there, each part under its own time limit, logs in one folder.
 #
-#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [tiling] [e2e]   (default: all but tiling, in order)
+#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [e2e]   (default: tests example suite e2e)
 #
 # Run from the repository root after installing the carried jax-triton wheel on PYTHONPATH. Parts:
 #   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton (4 groups at once, ~4 min), then the convergence
@@ -9,14 +9,16 @@
 #   example  the main job with and without liger, interleaved (benchmarks/main_job.py; MAIN_JOB_FLAGS, default tiny,
 #            mini and small, 3 runs each): median tokens/s in OUT/main_job/main_job.md
 #   suite    python -m benchmarks.suite (per-op tables, plots, RESULTS.md) within SUITE_BUDGET_S (default 575)
+#   wide     the norms' kernels on rows past one tile against XLA (benchmarks.wide_rows_check), then their tiling
+#            candidates at 32768 and 65536 columns (benchmarks.norm_tiling --grid wide), tables in OUT/wide
 #   tiling   the row kernels' tiling candidates (benchmarks.row_tiling) of the ops in TILING_OPS (default
-#            modulated_rms_norm and sparsemax, whose backward's and forward's prefetch are yet to be measured),
-#            tables in OUT/tiling
+#            group_norm, modulated_rms_norm and sparsemax: GroupNorm's token splits, modulated RMSNorm's backward
+#            prefetch and sparsemax's walking forward are yet to be measured), tables in OUT/tiling
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
 #            (default 540) (E2E_FLAGS=--remat for the rematerialised comparison)
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [tiling] [e2e]}
+out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [e2e]}
 shift
 parts=("$@")
 [[ ${#parts[@]} -eq 0 ]] && parts=(tests example suite e2e)
@@ -30,7 +32,7 @@ for part in "${parts[@]}"; do
       groups=(
         "tests/test_rms_norm.py tests/test_flax_rms_norm.py tests/test_runtime.py tests/test_fused_add_rms_norm.py
          tests/test_layer_norm.py tests/test_flax_layer_norm.py tests/test_norms_math.py tests/test_dispatch.py
-         tests/test_triton_ffi.py"
+         tests/test_triton_ffi.py tests/test_group_norm.py"
         "tests/test_glu.py tests/test_rope.py tests/test_cross_entropy.py tests/test_flax_cross_entropy.py
          tests/test_glu_math.py tests/test_rope_math.py tests/test_cross_entropy_math.py tests/test_sparsemax.py
          tests/test_softmax.py tests/test_activations.py"
@@ -62,10 +64,17 @@ for part in "${parts[@]}"; do
         >"$out/suite.log" 2>&1
       sed -n '/## Targets/,/^Times are/p' "$out/suite/RESULTS.md"
       ;;
+    wide)
+      timeout 150 python3 -m benchmarks.wide_rows_check >"$out/wide_check.log" 2>&1
+      tail -n 16 "$out/wide_check.log"
+      PYTHONUNBUFFERED=1 timeout "${WIDE_TIMEOUT_S:-250}" python3 -m benchmarks.norm_tiling --grid wide \
+        --out "$out/wide" >"$out/wide.log" 2>&1
+      tail -n 40 "$out/wide.log"
+      ;;
     tiling)
       # shellcheck disable=SC2086  # TILING_OPS is a list
       PYTHONUNBUFFERED=1 timeout "${TILING_TIMEOUT_S:-300}" python3 -m benchmarks.row_tiling \
-        --op ${TILING_OPS:-modulated_rms_norm sparsemax} --out "$out/tiling" >"$out/tiling.log" 2>&1
+        --op ${TILING_OPS:-group_norm modulated_rms_norm sparsemax} --out "$out/tiling" >"$out/tiling.log" 2>&1
       tail -n 30 "$out/tiling.log"
       ;;
     e2e)
@@ -75,7 +84,7 @@ for part in "${parts[@]}"; do
       tail -8 "$out/e2e.log"
       ;;
     *)
-      echo "unknown part: $part (tests, example, suite, tiling, e2e)" >&2
+      echo "unknown part: $part (tests, example, suite, wide, tiling, e2e)" >&2
       exit 2
       ;;
   esac

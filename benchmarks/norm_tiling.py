@@ -72,6 +72,16 @@ GPU_GRID = Grid(
     loop_from=16384,
     walking=((8192, 1), (8192, 2)),
 )
+# The wide rows alone (``--grid wide``): the rule against forced backward splits and walking forwards, at 32768 and
+# 65536 columns, in about four minutes for the three ops.
+WIDE_GRID = Grid(
+    TOKENS,
+    (32768, 65536),
+    (),
+    column_blocks=((8192, 16, 2), (8192, 16, 4), (8192, 16, 8)),
+    loop_from=16384,
+    walking=((8192, 1), (8192, 2)),
+)
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
 # in one program a row and split among 3.
 SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1, walking=((64, 1),))
@@ -151,14 +161,17 @@ def _tilings(n_cols: int, override: TilingOverride | None) -> tuple[str, str]:
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m benchmarks.norm_tiling``."""
     cli = tiling_sweep.parser(__doc__.splitlines()[0], OPS, "a few tiny cases through the interpreter, on a CPU")
-    cli.add_argument("--hidden", nargs="+", type=int, help="row lengths D (default: 1024 ... 131072)")
+    cli.add_argument("--hidden", nargs="+", type=int, help="row lengths D (default: the grid's)")
+    cli.add_argument(
+        "--grid", choices=("full", "wide"), default="full", help="the candidates: GPU_GRID's, or WIDE_GRID's"
+    )
     return cli
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point."""
     args = parser().parse_args(argv)
-    args.grid = SMOKE_GRID if args.smoke else GPU_GRID
+    args.grid = SMOKE_GRID if args.smoke else {"full": GPU_GRID, "wide": WIDE_GRID}[args.grid]
     args.hidden = args.hidden or list(args.grid.hidden)
     if args.registers:
         tiling_sweep.print_registers(_cases(args))

@@ -55,8 +55,8 @@ def _override(**settings) -> TilingOverride:
 
 
 def _label(override: TilingOverride) -> str:
-    """``d4096/r2/w8/s2/pf``: the settings an override forces."""
-    parts = {"block_d": "d", "block_rows": "r", "num_warps": "w", "num_stages": "s"}
+    """``d4096/r2/w8/s2/t4/pf``: the settings an override forces."""
+    parts = {"block_d": "d", "block_rows": "r", "num_warps": "w", "num_stages": "s", "token_splits": "t"}
     texts = [f"{short}{getattr(override, name)}" for name, short in parts.items() if getattr(override, name)]
     if override.prefetch is not None:
         texts.append("pf" if override.prefetch else "no-pf")
@@ -121,15 +121,17 @@ DIVERGENCE_ALTERNATIVES = (
 # registers allow, each stalling on its chunk's reductions). Narrower blocks make more programs, and fewer warps let
 # several share an SM (ptxas, sm_90: 16 channels × 256 tokens at 8 warps, 64 registers: 4 a SM, all 512 resident;
 # 32 × 128 at 8 warps: 3-4), each walking a smaller block, whose second pass finds more of it in L2; the token loops
-# pipelined.
+# pipelined; or the tokens shared among 2-8 programs (two launches a pass, the second reading the data again, partly
+# from L2: 8 passes against the floor's 5, but 256-1024 programs in flight instead of 128).
 GROUP_ALTERNATIVES = (
     {"block_d": 16, "block_rows": 256, "num_warps": 8},
-    {"block_d": 16, "block_rows": 512, "num_warps": 16},
-    {"block_d": 32, "block_rows": 128, "num_warps": 8},
     {"block_d": 32, "block_rows": 256, "num_warps": 16},
-    {"block_rows": 128, "num_warps": 16},
     {"num_stages": 2},
-    {"block_d": 16, "block_rows": 256, "num_warps": 8, "num_stages": 2},
+    {"token_splits": 2},
+    {"token_splits": 4},
+    {"token_splits": 8},
+    {"token_splits": 4, "num_warps": 16},
+    {"token_splits": 8, "block_rows": 256, "num_warps": 16},
 )
 
 
@@ -202,7 +204,11 @@ def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str
     from liger_jax.ops import group_norm
 
     t = group_norm.group_tiling(params["tokens"], params["channels"], params["groups"], override)
-    text = f"{t.block_s}x{t.block_c}/w{t.num_warps}" + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
+    text = (
+        f"{t.block_s}x{t.block_c}/w{t.num_warps}"
+        + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
+        + (f"/t{t.token_splits}" if t.token_splits > 1 else "")
+    )
     return text, text
 
 

@@ -103,7 +103,13 @@ def test_check_grads_fp32_kernel_and_float64_reference():
         ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8)),
         # One-token chunks, groups of 3 channels in blocks of 4 groups (16 channels, the tail of each masked).
         ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1)),
+        # Token splits (two launches a pass): runs of two 8-token chunks, the last run 5 tokens (its second chunk
+        # empty); runs of one 4-token chunk, the last of 37 tokens alone; one-token runs of groups of 3 channels.
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8, token_splits=3)),
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=10)),
+        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=5)),
     ],
+    ids=["chunks", "one_token_chunks", "split_runs", "split_chunks", "split_tokens"],
 )
 def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, override):
     primals = _inputs(11, shape, jnp.float32)
@@ -111,6 +117,7 @@ def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, ove
     with _tiling.overridden(override):
         tiling = group_norm_op.group_tiling(shape[1], shape[2], num_groups, override)
         assert tiling.block_s < shape[1] and tiling.grid(shape[0], num_groups)[1] > 1
+        assert tiling.token_splits == (override.token_splits or 1)
         _assert_vjp_matches_reference(
             _op(harness.KERNEL_IMPLEMENTATION, num_groups), _reference(num_groups), primals, cotangent, jnp.float32
         )
@@ -200,7 +207,17 @@ def test_tiling_covers_whole_groups_in_cache_lines():
         assert tiling.block_s * tiling.block_c <= max(group_norm_op.CHUNK_ELEMENTS, tiling.block_c)
         assert 4 <= tiling.num_warps <= group_norm_op.MAX_WARPS
     target = group_norm_op.group_tiling(4096, 512, 32)
-    assert target.grid(16, 32) == (16, 8) and target.block_c == 64
+    assert target.grid(16, 32) == (16, 8, 1) and target.block_c == 64
+
+
+@pytest.mark.parametrize(("n_tokens", "splits"), [(4096, 4), (37, 3), (37, 10), (5, 5), (10, 4), (1, 2)])
+def test_token_splits_share_out_whole_chunks_and_leave_no_run_empty(n_tokens, splits):
+    tiling = group_norm_op.group_tiling(n_tokens, 512, 32, _tiling.TilingOverride(token_splits=splits))
+    assert tiling.tokens_per_split % tiling.block_s == 0
+    assert (
+        (tiling.token_splits - 1) * tiling.tokens_per_split < n_tokens <= tiling.token_splits * tiling.tokens_per_split
+    )
+    assert tiling.token_splits <= splits and tiling.grid(2, 32)[2] == tiling.token_splits
 
 
 class _Model(nnx.Module):

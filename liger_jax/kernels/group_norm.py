@@ -15,6 +15,13 @@ When all tokens fit one chunk (``n_tokens <= BLOCK_S``) the block is read once a
 the group's data. Otherwise a second pass walks the chunks from the last one back (the most recently read chunks,
 the likeliest to be still in L2, first). The backward's first pass sums dy · x̂ and dy per channel (dscale's and
 dbias's per-example partials, and the group sums dx needs), its second writes dx.
+
+With token splits, SPLITS programs share a block of groups, each taking a run of TOKENS_PER_SPLIT tokens, and each
+pass is a launch of its own (programs of the whole grid cannot wait for one another): ``group_norm_split_moments``
+stores each split's group means and centred sums of squares, ``group_norm_split_fwd`` merges them (Chan et al. again)
+and writes its run's y; ``group_norm_split_sums`` stores each split's per-channel sums, ``group_norm_split_bwd`` adds
+them and writes its run's dx. The second launches take their programs in reverse order, so the runs the first read
+last (the likeliest to be still in L2) come first.
 """
 
 import triton
@@ -33,12 +40,22 @@ def _block_channels(
 
 
 @triton.jit
-def _chunk(batch, first_token, channels, own, n_tokens: tl.constexpr, n_channels: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Offsets [BLOCK_S, BLOCK_C] (int64) and the in-bounds mask of the chunk of tokens from ``first_token`` of the
-    block's ``channels`` (``own`` as :func:`_block_channels` gives them) in example ``batch``."""
+def _chunk(
+    batch,
+    first_token,
+    end_token,
+    channels,
+    own,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Offsets [BLOCK_S, BLOCK_C] (int64) and the in-bounds mask of the chunk of tokens from ``first_token`` (those
+    before ``end_token``) of the block's ``channels`` (``own`` as :func:`_block_channels` gives them) in example
+    ``batch``."""
     tokens = first_token + tl.arange(0, BLOCK_S)
     offsets = (batch.to(tl.int64) * n_tokens + tokens[:, None]) * n_channels + channels[None, :]
-    return offsets, (tokens[:, None] < n_tokens) & own[None, :]
+    return offsets, (tokens[:, None] < end_token) & own[None, :]
 
 
 @triton.jit
@@ -60,12 +77,14 @@ def _per_channel(values, membership):
 
 
 @triton.jit
-def _merged_moments(mean, centred_squares, x, mask, first_token, n_tokens: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Per-channel running fp32 ``mean`` and ``centred_squares`` [BLOCK_C] of the tokens before ``first_token``,
-    merged with the chunk ``x`` [BLOCK_S, BLOCK_C] fp32 (Chan et al.; every earlier chunk is full)."""
+def _merged_moments(mean, centred_squares, x, mask, first_token, n_tokens, BLOCK_S: tl.constexpr):
+    """Per-channel running fp32 ``mean`` and ``centred_squares`` [BLOCK_C] of a run's tokens before ``first_token``
+    (counted from the run's first, which is not past the run's end), merged with the chunk ``x`` [BLOCK_S, BLOCK_C]
+    fp32 of a run of ``n_tokens`` (Chan et al.; every earlier chunk is full)."""
     seen = tl.cast(first_token, tl.float32)
-    count = tl.cast(tl.minimum(n_tokens - first_token, BLOCK_S), tl.float32)
-    chunk_mean = tl.sum(x, axis=0) / count
+    # A chunk past the run's end (a shorter last run) counts 0 and leaves the moments as they are.
+    count = tl.cast(tl.maximum(tl.minimum(n_tokens - first_token, BLOCK_S), 0), tl.float32)
+    chunk_mean = tl.sum(x, axis=0) / tl.maximum(count, 1.0)
     # Masked tokens would contribute (0 - mean)²: zero them.
     centred = tl.where(mask, x - chunk_mean[None, :], 0.0)
     delta = chunk_mean - mean
@@ -75,18 +94,32 @@ def _merged_moments(mean, centred_squares, x, mask, first_token, n_tokens: tl.co
 
 
 @triton.jit
-def _group_statistics(
-    channel_mean, channel_squares, membership, eps: tl.constexpr, n_tokens: tl.constexpr, GROUP_SIZE: tl.constexpr
-):
-    """Each group's fp32 (mean, rstd) [GROUPS_PER_BLOCK] from its channels' means and centred sums of squares over
-    n_tokens tokens: the channels' counts are equal, so the group mean is their mean and the group's centred sum of
-    squares adds n_tokens · (channel mean - group mean)² per channel."""
+def _group_moments(channel_mean, channel_squares, membership, n_tokens, GROUP_SIZE: tl.constexpr):
+    """Each group's fp32 mean and centred sum of squares [GROUPS_PER_BLOCK] from its channels' means and centred
+    sums of squares over n_tokens tokens: the channels' counts are equal, so the group mean is their mean and the
+    group's centred sum of squares adds n_tokens · (channel mean - group mean)² per channel."""
     mean = _per_group(channel_mean, membership) / GROUP_SIZE
     spread = channel_mean[None, :] - mean[:, None]
     squares = _per_group(channel_squares, membership) + n_tokens * tl.sum(
         tl.where(membership, spread * spread, 0.0), axis=1
     )
-    return mean, 1.0 / tl.sqrt(squares / (n_tokens * GROUP_SIZE) + eps)
+    return mean, squares
+
+
+@triton.jit
+def _rstd(centred_squares, eps: tl.constexpr, n_tokens: tl.constexpr, GROUP_SIZE: tl.constexpr):
+    """1 / sqrt(variance + eps) of groups of n_tokens · GROUP_SIZE elements with these centred sums of squares."""
+    return 1.0 / tl.sqrt(centred_squares / (n_tokens * GROUP_SIZE) + eps)
+
+
+@triton.jit
+def _group_statistics(
+    channel_mean, channel_squares, membership, eps: tl.constexpr, n_tokens: tl.constexpr, GROUP_SIZE: tl.constexpr
+):
+    """Each group's fp32 (mean, rstd) [GROUPS_PER_BLOCK] from its channels' means and centred sums of squares over
+    all n_tokens tokens."""
+    mean, squares = _group_moments(channel_mean, channel_squares, membership, n_tokens, GROUP_SIZE)
+    return mean, _rstd(squares, eps, n_tokens, GROUP_SIZE)
 
 
 @triton.jit
@@ -117,6 +150,62 @@ def _store_y(x, mean, rstd, scale, bias, y_ptr, offsets, mask):
 
 
 @triton.jit
+def _run_moments(
+    x_ptr,
+    batch,
+    first_token,
+    count,
+    channels,
+    own,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+):
+    """Per-channel fp32 mean and centred sum of squares [BLOCK_C] of the ``count`` tokens from ``first_token``, in
+    N_CHUNKS chunks (those past ``count`` add nothing)."""
+    channel_mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    channel_squares = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for chunk in range(N_CHUNKS):
+        offsets, mask = _chunk(
+            batch, first_token + chunk * BLOCK_S, first_token + count, channels, own, n_tokens, n_channels, BLOCK_S
+        )
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        channel_mean, channel_squares = _merged_moments(
+            channel_mean, channel_squares, x, mask, chunk * BLOCK_S, count, BLOCK_S
+        )
+    return channel_mean, channel_squares
+
+
+@triton.jit
+def _store_run_y(
+    x_ptr,
+    scale,
+    bias,
+    y_ptr,
+    mean,
+    rstd,
+    batch,
+    first_token,
+    count,
+    channels,
+    own,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+):
+    """Stores y of the ``count`` tokens from ``first_token``, in N_CHUNKS chunks (those past ``count`` store
+    nothing) from the last one back (L2), given per-channel fp32 mean, rstd, scale and bias [BLOCK_C]."""
+    for step in range(N_CHUNKS):
+        start = first_token + (N_CHUNKS - 1 - step) * BLOCK_S
+        offsets, mask = _chunk(batch, start, first_token + count, channels, own, n_tokens, n_channels, BLOCK_S)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        _store_y(x, mean, rstd, scale, bias, y_ptr, offsets, mask)
+
+
+@triton.jit
 def group_norm_fwd(
     x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
     scale_ptr,  # [n_channels] scale.dtype
@@ -139,30 +228,181 @@ def group_norm_fwd(
     membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
-    channel_mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    channel_squares = tl.zeros((BLOCK_C,), dtype=tl.float32)
     if n_tokens <= BLOCK_S:
-        offsets, mask = _chunk(batch, 0, channels, own, n_tokens, n_channels, BLOCK_S)
+        offsets, mask = _chunk(batch, 0, n_tokens, channels, own, n_tokens, n_channels, BLOCK_S)
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        channel_mean, channel_squares = _merged_moments(channel_mean, channel_squares, x, mask, 0, n_tokens, BLOCK_S)
+        channel_mean, channel_squares = _merged_moments(
+            tl.zeros((BLOCK_C,), dtype=tl.float32),
+            tl.zeros((BLOCK_C,), dtype=tl.float32),
+            x,
+            mask,
+            0,
+            n_tokens,
+            BLOCK_S,
+        )
         mean, rstd = _group_statistics(channel_mean, channel_squares, membership, eps, n_tokens, GROUP_SIZE)
         _store_y(x, _per_channel(mean, membership), _per_channel(rstd, membership), scale, bias, y_ptr, offsets, mask)
     else:
-        for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
-            offsets, mask = _chunk(batch, chunk * BLOCK_S, channels, own, n_tokens, n_channels, BLOCK_S)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            channel_mean, channel_squares = _merged_moments(
-                channel_mean, channel_squares, x, mask, chunk * BLOCK_S, n_tokens, BLOCK_S
-            )
+        channel_mean, channel_squares = _run_moments(
+            x_ptr,
+            batch,
+            0,
+            n_tokens,
+            channels,
+            own,
+            n_tokens,
+            n_channels,
+            BLOCK_S,
+            BLOCK_C,
+            (n_tokens + BLOCK_S - 1) // BLOCK_S,
+        )
         mean, rstd = _group_statistics(channel_mean, channel_squares, membership, eps, n_tokens, GROUP_SIZE)
-        channel_group_mean, channel_rstd = _per_channel(mean, membership), _per_channel(rstd, membership)
-        for step in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
-            first_token = ((n_tokens + BLOCK_S - 1) // BLOCK_S - 1 - step) * BLOCK_S
-            offsets, mask = _chunk(batch, first_token, channels, own, n_tokens, n_channels, BLOCK_S)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            _store_y(x, channel_group_mean, channel_rstd, scale, bias, y_ptr, offsets, mask)
+        _store_run_y(
+            x_ptr,
+            scale,
+            bias,
+            y_ptr,
+            _per_channel(mean, membership),
+            _per_channel(rstd, membership),
+            batch,
+            0,
+            n_tokens,
+            channels,
+            own,
+            n_tokens,
+            n_channels,
+            BLOCK_S,
+            (n_tokens + BLOCK_S - 1) // BLOCK_S,
+        )
     _store_group_values(mean_ptr, mean, batch, block, n_groups, GROUPS_PER_BLOCK)
     _store_group_values(rstd_ptr, rstd, batch, block, n_groups, GROUPS_PER_BLOCK)
+
+
+@triton.jit
+def _split_run(split, n_tokens: tl.constexpr, TOKENS_PER_SPLIT: tl.constexpr):
+    """The first token and the token count of split ``split``'s run (the last run may be shorter)."""
+    first_token = split * TOKENS_PER_SPLIT
+    return first_token, tl.minimum(n_tokens - first_token, TOKENS_PER_SPLIT)
+
+
+@triton.jit
+def _reversed_programs():
+    """This program's (batch, block, split) counted from the grid's end: the last program of a launch runs first."""
+    return (
+        tl.num_programs(0) - 1 - tl.program_id(0),
+        tl.num_programs(1) - 1 - tl.program_id(1),
+        tl.num_programs(2) - 1 - tl.program_id(2),
+    )
+
+
+@triton.jit
+def _split_offsets(batch, columns, own, SPLITS: tl.constexpr, n_columns: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
+    """Offsets [SPLIT_BLOCK, len(columns)] (int64) into a [n_batch, SPLITS, n_columns] array of example ``batch``'s
+    rows and these ``columns``, and the mask of its splits and ``own`` columns."""
+    splits = tl.arange(0, SPLIT_BLOCK)
+    offsets = (batch.to(tl.int64) * SPLITS + splits[:, None]) * n_columns + columns[None, :]
+    return offsets, (splits[:, None] < SPLITS) & own[None, :]
+
+
+@triton.jit
+def group_norm_split_moments(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's group means
+    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's centred sums of squares
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+):
+    """Program (b, k, s) stores the mean and centred sum of squares of each of its groups over split s's tokens."""
+    batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
+    channel_mean, channel_squares = _run_moments(
+        x_ptr,
+        batch,
+        first_token,
+        count,
+        channels,
+        own,
+        n_tokens,
+        n_channels,
+        BLOCK_S,
+        BLOCK_C,
+        TOKENS_PER_SPLIT // BLOCK_S,
+    )
+    mean, squares = _group_moments(channel_mean, channel_squares, membership, count, GROUP_SIZE)
+    row = batch * SPLITS + split
+    _store_group_values(split_mean_ptr, mean, row, block, n_groups, GROUPS_PER_BLOCK)
+    _store_group_values(split_squares_ptr, squares, row, block, n_groups, GROUPS_PER_BLOCK)
+
+
+@triton.jit
+def group_norm_split_fwd(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    bias_ptr,  # [n_channels] bias.dtype
+    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
+    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
+    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    eps: tl.constexpr,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+):
+    """Program (b, k, s) merges its groups' split moments into each group's mean and rstd (split 0 stores them)
+    and writes y of split s's tokens."""
+    batch, block, split = _reversed_programs()
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
+    offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)
+    split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0)
+    split_squares = tl.load(split_squares_ptr + offsets, mask=valid, other=0.0)
+    # Chan et al. over the splits: the mean weighted by each split's tokens, the squares with each split's spread.
+    first_tokens = tl.arange(0, SPLIT_BLOCK) * TOKENS_PER_SPLIT
+    counts = tl.minimum(tl.maximum(n_tokens - first_tokens, 0), TOKENS_PER_SPLIT).to(tl.float32)[:, None]
+    mean = tl.sum(counts * split_mean, axis=0) / n_tokens
+    spread = split_mean - mean[None, :]
+    squares = tl.sum(split_squares + counts * GROUP_SIZE * spread * spread, axis=0)
+    rstd = _rstd(squares, eps, n_tokens, GROUP_SIZE)
+    scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
+    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
+    _store_run_y(
+        x_ptr,
+        scale,
+        bias,
+        y_ptr,
+        _per_channel(mean, membership),
+        _per_channel(rstd, membership),
+        batch,
+        first_token,
+        count,
+        channels,
+        own,
+        n_tokens,
+        n_channels,
+        BLOCK_S,
+        TOKENS_PER_SPLIT // BLOCK_S,
+    )
+    if split == 0:
+        _store_group_values(mean_ptr, mean, batch, block, n_groups, GROUPS_PER_BLOCK)
+        _store_group_values(rstd_ptr, rstd, batch, block, n_groups, GROUPS_PER_BLOCK)
 
 
 @triton.jit
@@ -199,6 +439,75 @@ def _load_chunk(dy_ptr, x_ptr, offsets, mask):
 
 
 @triton.jit
+def _run_sums(
+    dy_ptr,
+    x_ptr,
+    mean,
+    rstd,
+    batch,
+    first_token,
+    count,
+    channels,
+    own,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+):
+    """Per-channel fp32 Σ dy · x̂ and Σ dy [BLOCK_C] over the ``count`` tokens from ``first_token``, in N_CHUNKS
+    chunks (mean and rstd per channel)."""
+    sum_dy_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sum_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for chunk in range(N_CHUNKS):
+        offsets, mask = _chunk(
+            batch, first_token + chunk * BLOCK_S, first_token + count, channels, own, n_tokens, n_channels, BLOCK_S
+        )
+        dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
+        sum_dy_xhat += tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
+        sum_dy += tl.sum(dy, axis=0)
+    return sum_dy_xhat, sum_dy
+
+
+@triton.jit
+def _store_run_dx(
+    dy_ptr,
+    x_ptr,
+    mean,
+    rstd,
+    scale,
+    mean_dy_xhat,
+    mean_dy,
+    dx_ptr,
+    batch,
+    first_token,
+    count,
+    channels,
+    own,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+):
+    """Stores dx of the ``count`` tokens from ``first_token``, in N_CHUNKS chunks (those past ``count`` store nothing)
+    from the last one back (L2); the other arguments as :func:`_store_dx` takes them."""
+    for step in range(N_CHUNKS):
+        start = first_token + (N_CHUNKS - 1 - step) * BLOCK_S
+        offsets, mask = _chunk(batch, start, first_token + count, channels, own, n_tokens, n_channels, BLOCK_S)
+        dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
+        _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)
+
+
+@triton.jit
+def _channel_statistics(
+    mean_ptr, rstd_ptr, batch, block, membership, n_groups: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr
+):
+    """The forward's group mean and rstd of example ``batch``, spread over block ``block``'s channels [BLOCK_C]."""
+    mean = _per_channel(_load_group_values(mean_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
+    return mean, _per_channel(_load_group_values(rstd_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
+
+
+@triton.jit
 def group_norm_bwd(
     dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
     x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
@@ -222,12 +531,11 @@ def group_norm_bwd(
     membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     scale = _load_channels(scale_ptr, channels, n_channels)
-    mean = _per_channel(_load_group_values(mean_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
-    rstd = _per_channel(_load_group_values(rstd_ptr, batch, block, n_groups, GROUPS_PER_BLOCK), membership)
+    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
     count = n_tokens * GROUP_SIZE
     if n_tokens <= BLOCK_S:
         # One chunk: read once, kept in registers for dx.
-        offsets, mask = _chunk(batch, 0, channels, own, n_tokens, n_channels, BLOCK_S)
+        offsets, mask = _chunk(batch, 0, n_tokens, channels, own, n_tokens, n_channels, BLOCK_S)
         dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
         sum_dy_xhat = tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
         sum_dy = tl.sum(dy, axis=0)
@@ -235,17 +543,138 @@ def group_norm_bwd(
         mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, count)
         _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)
     else:
-        sum_dy_xhat = tl.zeros((BLOCK_C,), dtype=tl.float32)
-        sum_dy = tl.zeros((BLOCK_C,), dtype=tl.float32)
-        for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
-            offsets, mask = _chunk(batch, chunk * BLOCK_S, channels, own, n_tokens, n_channels, BLOCK_S)
-            dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-            sum_dy_xhat += tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
-            sum_dy += tl.sum(dy, axis=0)
+        sum_dy_xhat, sum_dy = _run_sums(
+            dy_ptr,
+            x_ptr,
+            mean,
+            rstd,
+            batch,
+            0,
+            n_tokens,
+            channels,
+            own,
+            n_tokens,
+            n_channels,
+            BLOCK_S,
+            BLOCK_C,
+            (n_tokens + BLOCK_S - 1) // BLOCK_S,
+        )
         _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, batch, channels, own, n_channels)
         mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, count)
-        for step in range((n_tokens + BLOCK_S - 1) // BLOCK_S):
-            first_token = ((n_tokens + BLOCK_S - 1) // BLOCK_S - 1 - step) * BLOCK_S
-            offsets, mask = _chunk(batch, first_token, channels, own, n_tokens, n_channels, BLOCK_S)
-            dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-            _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)
+        _store_run_dx(
+            dy_ptr,
+            x_ptr,
+            mean,
+            rstd,
+            scale,
+            mean_dy_xhat,
+            mean_dy,
+            dx_ptr,
+            batch,
+            0,
+            n_tokens,
+            channels,
+            own,
+            n_tokens,
+            n_channels,
+            BLOCK_S,
+            (n_tokens + BLOCK_S - 1) // BLOCK_S,
+        )
+
+
+@triton.jit
+def group_norm_split_sums(
+    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy · x̂
+    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+):
+    """Program (b, k, s) stores its channels' Σ dy · x̂ and Σ dy over split s's tokens: dscale's and dbias's
+    partials (XLA adds them) and the sums dx needs."""
+    batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
+    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
+    sum_dy_xhat, sum_dy = _run_sums(
+        dy_ptr,
+        x_ptr,
+        mean,
+        rstd,
+        batch,
+        first_token,
+        count,
+        channels,
+        own,
+        n_tokens,
+        n_channels,
+        BLOCK_S,
+        BLOCK_C,
+        TOKENS_PER_SPLIT // BLOCK_S,
+    )
+    row = batch * SPLITS + split
+    _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, row, channels, own, n_channels)
+
+
+@triton.jit
+def group_norm_split_bwd(
+    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: group_norm_split_sums'
+    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: group_norm_split_sums'
+    dx_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+):
+    """Program (b, k, s) adds its channels' split sums and writes dx of split s's tokens (see ``_store_dx``)."""
+    batch, block, split = _reversed_programs()
+    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    scale = _load_channels(scale_ptr, channels, n_channels)
+    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
+    offsets, valid = _split_offsets(batch, channels, own, SPLITS, n_channels, SPLIT_BLOCK)
+    sum_dy_xhat = tl.sum(tl.load(dscale_partial_ptr + offsets, mask=valid, other=0.0), axis=0)
+    sum_dy = tl.sum(tl.load(dbias_partial_ptr + offsets, mask=valid, other=0.0), axis=0)
+    mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, n_tokens * GROUP_SIZE)
+    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
+    _store_run_dx(
+        dy_ptr,
+        x_ptr,
+        mean,
+        rstd,
+        scale,
+        mean_dy_xhat,
+        mean_dy,
+        dx_ptr,
+        batch,
+        first_token,
+        count,
+        channels,
+        own,
+        n_tokens,
+        n_channels,
+        BLOCK_S,
+        TOKENS_PER_SPLIT // BLOCK_S,
+    )

@@ -107,6 +107,8 @@ class TilingOverride:
             (see :func:`column_splits`); any count ≥ 1.
         programs_per_sm: resident programs per multiprocessor where programs walk row tiles; in a forward that can
             walk, it also makes rows walked in column blocks walk (see :func:`row_tiling`).
+        token_splits: programs that share each example's block of groups in GroupNorm's kernels, each taking a run
+            of its tokens (see ``group_norm.group_tiling``); any count ≥ 1.
     """
 
     block_d: int | None = None
@@ -116,13 +118,14 @@ class TilingOverride:
     num_stages: int | None = None
     column_splits: int | None = None
     programs_per_sm: int | None = None
+    token_splits: int | None = None
 
     def __post_init__(self):
         for name in ("block_d", "block_rows"):
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        for name in ("column_splits", "programs_per_sm"):
+        for name in ("column_splits", "programs_per_sm", "token_splits"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")

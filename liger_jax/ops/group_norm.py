@@ -54,7 +54,7 @@ def group_norm(
     Numerics: mean and variance are exact fp32 (per-chunk two-pass moments merged with Chan et al.'s update, never
     E[x²] - E[x]²); the normalisation, scale and bias are fp32 and ``y`` is rounded to ``x.dtype`` once. The
     forward pass saves ``x`` and each (example, group)'s fp32 mean and rstd; the backward pass is fp32, and
-    dscale/dbias are summed from per-example fp32 partials (deterministic, no atomics).
+    dscale/dbias are summed from fp32 partials per example (and run of tokens; deterministic, no atomics).
 
     Args:
         x: ``[B, ..., C]`` float32, bfloat16 or float16 (float64 too under ``"xla"``), rank ≥ 2.
@@ -153,41 +153,56 @@ _group_norm.defvjp(_group_norm_fwd, _group_norm_bwd)
 
 @dataclasses.dataclass(frozen=True)
 class GroupTiling:
-    """How the kernels cut ``[n_batch, n_tokens, n_channels]``: one program per example and block of
-    ``groups_per_block`` groups (``block_c`` channels, a power of two), walking ``block_s`` tokens at a time
-    (``num_stages`` software-pipelining stages)."""
+    """How the kernels cut ``[n_batch, n_tokens, n_channels]``: ``token_splits`` programs per example and block of
+    ``groups_per_block`` groups (``block_c`` channels, a power of two), each walking its run of
+    ``tokens_per_split`` tokens ``block_s`` at a time (``num_stages`` software-pipelining stages). With one split a
+    pass is one launch; with more, two (``kernels.group_norm``)."""
 
     groups_per_block: int
     block_c: int
     block_s: int
     num_warps: int
     num_stages: int = 1
+    token_splits: int = 1
+    tokens_per_split: int = 0
 
-    def grid(self, n_batch: int, num_groups: int) -> tuple[int, int]:
-        return n_batch, cdiv(num_groups, self.groups_per_block)
+    def grid(self, n_batch: int, num_groups: int) -> tuple[int, int, int]:
+        return n_batch, cdiv(num_groups, self.groups_per_block), self.token_splits
 
 
 def group_tiling(
     n_tokens: int, n_channels: int, num_groups: int, override: _tiling.TilingOverride | None = None
 ) -> GroupTiling:
-    """The tiling rule: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power of two of them), walked
-    in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit).
+    """The tiling rule: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power of two of them), all of
+    an example's tokens in one program, walked in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all
+    tokens fit).
 
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
-    with its ``block_rows``, and the warps and stages with its own.
+    with its ``block_rows``, the warps and stages with its own, and shares the tokens among ``token_splits``
+    programs (runs of whole chunks; fewer splits where the runs would otherwise leave one empty).
     """
     override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
     min_channels = override.block_d or MIN_BLOCK_CHANNELS
     groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
-    block_s = override.block_rows or max(1, min(next_power_of_2(n_tokens), CHUNK_ELEMENTS // block_c))
+    run = cdiv(n_tokens, override.token_splits or 1)
+    block_s = override.block_rows or max(1, min(next_power_of_2(run), CHUNK_ELEMENTS // block_c))
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
-    return GroupTiling(groups_per_block, block_c, block_s, num_warps, override.num_stages or 1)
+    tokens_per_split = cdiv(run, block_s) * block_s
+    return GroupTiling(
+        groups_per_block,
+        block_c,
+        block_s,
+        num_warps,
+        override.num_stages or 1,
+        token_splits=cdiv(n_tokens, tokens_per_split),
+        tokens_per_split=tokens_per_split,
+    )
 
 
-def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[tuple[int, int], dict]:
-    """The grid and the shared constexprs of both kernels for ``x [..., n_tokens, n_channels]``."""
+def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[GroupTiling, tuple[int, int, int], dict]:
+    """The tiling, the grid and the constexprs every kernel shares for ``x [..., n_tokens, n_channels]``."""
     n_tokens, n_channels = x.shape[-2:]
     tiling = group_tiling(n_tokens, n_channels, num_groups, override)
     constexprs = {
@@ -201,7 +216,12 @@ def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[tuple[int
         "BLOCK_S": tiling.block_s,
         "BLOCK_C": tiling.block_c,
     }
-    return tiling.grid(math.prod(x.shape[:-2]), num_groups), constexprs
+    return tiling, tiling.grid(math.prod(x.shape[:-2]), num_groups), constexprs
+
+
+def _split_constexprs(tiling: GroupTiling) -> dict:
+    """The constexprs the split kernels add."""
+    return {"SPLITS": tiling.token_splits, "TOKENS_PER_SPLIT": tiling.tokens_per_split}
 
 
 # Examples (the leading axes) shard freely; a launch needs each example's tokens and channels whole.
@@ -218,19 +238,32 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
     from liger_jax.kernels import group_norm as kernels
 
     def launch(x, scale, bias):
-        grid, constexprs = _kernel_settings(x, num_groups, override)
+        tiling, grid, constexprs = _kernel_settings(x, num_groups, override)
         stats = jax.ShapeDtypeStruct((grid[0], num_groups), jnp.float32)
-        y, mean, rstd = runtime.launch(
-            kernels.group_norm_fwd,
-            x,
-            scale,
-            bias,
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), stats, stats],
-            grid=grid,
-            implementation=implementation,
-            eps=epsilon,
-            **constexprs,
-        )
+        outputs = [jax.ShapeDtypeStruct(x.shape, x.dtype), stats, stats]
+        settings = {"grid": grid, "implementation": implementation, **constexprs}
+        if tiling.token_splits == 1:
+            y, mean, rstd = runtime.launch(
+                kernels.group_norm_fwd, x, scale, bias, out_shape=outputs, eps=epsilon, **settings
+            )
+        else:
+            splits = _split_constexprs(tiling)
+            split_stats = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, num_groups), jnp.float32)
+            moments = runtime.launch(
+                kernels.group_norm_split_moments, x, out_shape=[split_stats, split_stats], **settings, **splits
+            )
+            y, mean, rstd = runtime.launch(
+                kernels.group_norm_split_fwd,
+                x,
+                scale,
+                bias,
+                *moments,
+                out_shape=outputs,
+                eps=epsilon,
+                SPLIT_BLOCK=next_power_of_2(tiling.token_splits),
+                **settings,
+                **splits,
+            )
         lead = x.shape[:-2]
         return y, mean.reshape(*lead, num_groups), rstd.reshape(*lead, num_groups)
 
@@ -243,21 +276,36 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
     from liger_jax.kernels import group_norm as kernels
 
     def launch(dy, x, scale, mean, rstd):
-        grid, constexprs = _kernel_settings(x, num_groups, override)
+        tiling, grid, constexprs = _kernel_settings(x, num_groups, override)
         n_channels = x.shape[-1]
-        partial = jax.ShapeDtypeStruct((grid[0], n_channels), jnp.float32)
-        dx, dscale, dbias = runtime.launch(
-            kernels.group_norm_bwd,
-            dy,
-            x,
-            scale,
-            mean,
-            rstd,
-            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), partial, partial],
-            grid=grid,
-            implementation=implementation,
-            **constexprs,
-        )
+        dx_shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        settings = {"grid": grid, "implementation": implementation, **constexprs}
+        if tiling.token_splits == 1:
+            partial = jax.ShapeDtypeStruct((grid[0], n_channels), jnp.float32)
+            dx, dscale, dbias = runtime.launch(
+                kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
+            )
+        else:
+            splits = _split_constexprs(tiling)
+            partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
+            dscale, dbias = runtime.launch(
+                kernels.group_norm_split_sums, dy, x, mean, rstd, out_shape=[partial, partial], **settings, **splits
+            )
+            dx = runtime.launch(
+                kernels.group_norm_split_bwd,
+                dy,
+                x,
+                scale,
+                mean,
+                rstd,
+                dscale,
+                dbias,
+                out_shape=dx_shape,
+                SPLIT_BLOCK=next_power_of_2(tiling.token_splits),
+                **settings,
+                **splits,
+            )
+            dscale, dbias = dscale.sum(axis=1), dbias.sum(axis=1)
         lead = x.shape[:-2]
         return dx, dscale.reshape(*lead, n_channels), dbias.reshape(*lead, n_channels)
 
