@@ -108,8 +108,10 @@ def test_check_grads_fp32_kernel_and_float64_reference():
         ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8, token_splits=3)),
         ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=10)),
         ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=5)),
+        # Two splits of a second block of 32 groups of which 8 exist.
+        ((2, 11, 120), 40, _tiling.TilingOverride(token_splits=2)),
     ],
-    ids=["chunks", "one_token_chunks", "split_runs", "split_chunks", "split_tokens"],
+    ids=["chunks", "one_token_chunks", "split_runs", "split_chunks", "split_tokens", "split_partial_block"],
 )
 def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, override):
     primals = _inputs(11, shape, jnp.float32)
