@@ -34,8 +34,6 @@ HIDDEN = (1024, 4096, 8192, 16384, 32768, 65536, 131072)
 MAX_ELEMENTS = 2**29  # tokens × D: 1 GiB of bf16 per activation
 MAX_TILE_COLS = 65536  # the widest one-tile candidate: beyond, every kernel spills (see --registers)
 OPS = ("rms_norm", "layer_norm", "fused_add_rms_norm")
-# How the norms' forwards launch (``_tiling.row_tiling``'s flags): they can walk row tiles, and never prefetch.
-FORWARD = {"walks_tiles": True, "prefetches": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +49,6 @@ class Grid:
         column_blocks: ``(block_d, warps, column_splits)`` of the column-block candidates, for rows of ``loop_from``
             or more (``column_splits`` None: the rule's splits of the backward).
         loop_from: the shortest row that gets column-block candidates (shorter rows fit one tile without spilling).
-        walking: ``(block_d, programs)`` of the candidates whose forward walks its rows in column blocks of
-            ``block_d`` with ``programs`` resident programs per multiprocessor walking the row tiles (fewer rows in
-            flight between a row's two passes), for rows of ``loop_from`` or more.
     """
 
     tokens: int
@@ -61,7 +56,6 @@ class Grid:
     tile_warps: tuple[int, ...]
     column_blocks: tuple[tuple[int, int, int | None], ...]
     loop_from: int
-    walking: tuple[tuple[int, int], ...] = ()
 
 
 GPU_GRID = Grid(
@@ -70,21 +64,15 @@ GPU_GRID = Grid(
     (4, 8, 16, 32),
     column_blocks=((4096, 8, None), (4096, 16, None), (8192, 16, None), (8192, 16, 2), (8192, 16, 4)),
     loop_from=16384,
-    walking=((8192, 1), (8192, 2)),
 )
-# The wide rows alone (``--grid wide``): the rule against forced backward splits and walking forwards, at 32768 and
-# 65536 columns, in about four minutes for the three ops.
+# The wide rows alone (``--grid wide``): the rule against forced backward splits at 32768 and 65536 columns, in about
+# two minutes for the three ops.
 WIDE_GRID = Grid(
-    TOKENS,
-    (32768, 65536),
-    (),
-    column_blocks=((8192, 16, 2), (8192, 16, 4), (8192, 16, 8)),
-    loop_from=16384,
-    walking=((8192, 1), (8192, 2)),
+    TOKENS, (32768, 65536), (), column_blocks=((8192, 16, 1), (8192, 16, 2), (8192, 16, 4)), loop_from=16384
 )
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
 # in one program a row and split among 3.
-SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1, walking=((64, 1),))
+SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1)
 
 
 def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
@@ -107,10 +95,6 @@ def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
         if block < n_cols:
             override = _tiling.TilingOverride(block_d=block, num_warps=warps, column_splits=splits)
             chosen.append(Candidate(f"cols{block}/w{warps}" + (f"/split{splits}" if splits else ""), override))
-    for block, programs in grid.walking if n_cols >= grid.loop_from else ():
-        if block < n_cols:
-            override = _tiling.TilingOverride(block_d=block, programs_per_sm=programs)
-            chosen.append(Candidate(f"cols{block}/walk{programs}", override))
     return tiling_sweep.distinct(chosen, functools.partial(_tilings, n_cols))
 
 
@@ -118,12 +102,11 @@ def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) 
     """``rows x block_d/wW[/pf][/loop][/splitS]``: the tiling a forward or backward launch gets."""
     from liger_jax.ops import _tiling
 
-    t = _tiling.row_tiling(n_cols, **({"reduces_rows": True} if reduces_rows else FORWARD), override=override)
+    t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
     return (
         f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
-        + (f"/walk{t.programs_per_sm}" if t.walks and not reduces_rows else "")
         + (f"/split{override.column_splits}" if reduces_rows and override and override.column_splits else "")
     )
 

@@ -19,13 +19,11 @@ DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 # column blocks of 64 (a 200-column row in 4 blocks, the last one partial; 111 rows make 4 row tiles of 32, so
 # each of the interpreter's programs adds two of them into its partial sums, the last tile partial); blocks of 32
 # shared by 3 programs a row in the backward (7 blocks, 3 a split: the last split's block partial, then two past the
-# row's end); one tile per row without prefetching the next one; and column blocks of 64 walked by resident
-# programs in the forwards that can (the interpreter's 3 programs take 2 row tiles each, the last one past the end).
+# row's end); and one tile per row without prefetching the next one.
 FORCED_TILINGS = {
     "column_blocks": _tiling.TilingOverride(block_d=64),
     "column_splits": _tiling.TilingOverride(block_d=32, column_splits=3),
     "no_prefetch": _tiling.TilingOverride(prefetch=False),
-    "walking_column_blocks": _tiling.TilingOverride(block_d=64, programs_per_sm=1),
 }
 FORCED_TILING_SHAPE = (111, 200)
 

@@ -14,14 +14,7 @@ from jax.test_util import check_grads
 
 import liger_jax
 from liger_jax import runtime
-from liger_jax.kernels._rows import (
-    add_to_block,
-    combine_row_sums,
-    partial_blocks,
-    reversed_block,
-    split_blocks,
-    store_blocks,
-)
+from liger_jax.kernels._rows import add_to_block, partial_blocks, reversed_block, split_blocks, store_blocks
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -202,37 +195,18 @@ def test_column_blocks_match_the_closed_forms(n_cols):
 
 @pytest.mark.parametrize(
     ("n_cols", "block_d", "n_partials", "splits"),
-    [(200, 64, 2, 1), (16384, 16384, 2, 1), (16384, 8192, 1, 1), (32768, 8192, 1, 2), (32769, 8192, 1, 4),
-     (32768, 8192, 2, 4), (16385, 8192, 2, 4), (65536, 8192, 2, 8), (65537, 8192, 1, 8), (262144, 8192, 8, 32)],
+    [(200, 64, 2, 1), (16384, 16384, 2, 1), (32768, 8192, 1, 1), (32769, 8192, 1, 2), (32768, 8192, 2, 2),
+     (16385, 8192, 2, 2), (65536, 8192, 2, 4), (65537, 8192, 1, 4), (262144, 8192, 8, 32)],
 )  # fmt: skip
 def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(n_cols, block_d, n_partials, splits):
     # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; a row of one
     # tile is never split; at one block a split, no further.
-    assert _tiling.MAX_REGISTER_PARTIALS == 16384
+    assert _tiling.MAX_REGISTER_PARTIALS == 32768
     assert _tiling.column_splits(n_cols, block_d, n_partials) == splits
     forced = _tiling.TilingOverride(column_splits=3)
     assert _tiling.column_splits(n_cols, block_d, n_partials, forced) == (1 if n_cols <= block_d else 3)
     with pytest.raises(ValueError, match="column_splits must be at least 1"):
         _tiling.TilingOverride(column_splits=0)
-
-
-def test_forwards_walk_rows_in_column_blocks_only_where_programs_per_multiprocessor_are_forced():
-    # Not yet timed on a GPU: the rule launches one row tile a program. Forced, a forward that can walk (the norms':
-    # walks_tiles without prefetching) walks its column-block rows, never its one-tile rows; kernels that sum over
-    # rows always walk, with the forced count.
-    forced = _tiling.TilingOverride(programs_per_sm=1)
-    norm_forward = {"walks_tiles": True, "prefetches": False}
-    assert not _tiling.row_tiling(65536, **norm_forward).walks
-    walking = _tiling.row_tiling(65536, **norm_forward, override=forced)
-    assert walking.walks and walking.programs_per_sm == 1 and walking.block_d < 65536
-    prefetching = _tiling.TilingOverride(programs_per_sm=1, prefetch=True)
-    one_tile = _tiling.row_tiling(4096, **norm_forward, override=prefetching)
-    assert not one_tile.walks and not one_tile.prefetch
-    assert _tiling.row_tiling(65536, walks_tiles=True, override=forced).walks
-    backward = _tiling.row_tiling(65536, reduces_rows=True, override=forced)
-    assert backward.walks and backward.programs_per_sm == 1 and _tiling.row_tiling(4096, reduces_rows=True).walks
-    with pytest.raises(ValueError, match="programs_per_sm must be at least 1"):
-        _tiling.TilingOverride(programs_per_sm=0)
 
 
 @triton.jit
@@ -274,74 +248,12 @@ def test_each_split_stores_its_own_share_of_the_row_and_nothing_else(n_cols, blo
             assert np.isnan(written[~mine]).all()
 
 
-@triton.jit
-def _combine_parts(
-    parts_ptr,  # [tiles, COLUMN_SPLITS, BLOCK_ROWS, N] fp32: each split's part of its rows' sums
-    preset_row_sums_ptr,  # what row_sums_ptr starts as, where it aliases it
-    preset_arrivals_ptr,  # what arrivals_ptr starts as, where it aliases it
-    row_sums_ptr,  # combine_row_sums' scratch
-    arrivals_ptr,  # combine_row_sums' counts
-    is_last_ptr,  # [tiles, COLUMN_SPLITS] int32
-    totals_ptr,  # [tiles, BLOCK_ROWS, N] fp32, written by the last split only
-    BLOCK_ROWS: tl.constexpr,
-    N: tl.constexpr,
-    COLUMN_SPLITS: tl.constexpr,
-):
-    """Program (split, tile) hands its part to combine_row_sums and stores what it got back."""
-    split, row_tile = tl.program_id(0), tl.program_id(1)
-    local = tl.arange(0, BLOCK_ROWS)[:, None] * N + tl.arange(0, N)[None, :]
-    part = tl.load(parts_ptr + (row_tile * COLUMN_SPLITS + split) * BLOCK_ROWS * N + local)
-    is_last, totals = combine_row_sums(row_sums_ptr, arrivals_ptr, row_tile, split, part, COLUMN_SPLITS)
-    tl.store(is_last_ptr + row_tile * COLUMN_SPLITS + split, is_last.to(tl.int32))
-    if is_last:
-        tl.store(totals_ptr + row_tile * BLOCK_ROWS * N + local, totals)
-
-
-@pytest.mark.parametrize(("block_rows", "n_sums", "splits"), [(1, 1, 2), (4, 2, 3), (2, 2, 4)])
-def test_the_split_that_arrives_last_alone_gets_the_row_sums(block_rows, n_sums, splits):
-    # Each tile's splits count themselves in; the one that counts last gets the sum of every split's part. The
-    # interpreter runs a tile's splits in split order, so tile t starts as if the splits after split
-    # splits - 1 - t % splits had arrived already (their parts in the scratch, the count at t % splits): that split
-    # is the last, whichever it is, and the parts of splits still to come are NaN (the last must not need them). On a
-    # GPU the splits race for real, from a count of 0.
-    tiles = 5
-    parts = np.random.default_rng(splits).standard_normal((tiles, splits, block_rows, n_sums))
-    interpreted = harness.KERNEL_IMPLEMENTATION == "interpret"
-    arrived = np.arange(tiles) % splits if interpreted else np.zeros(tiles, int)
-    scratch = np.full((tiles, block_rows, n_sums, splits), np.nan)
-    for tile in range(tiles):
-        for split in range(splits - arrived[tile], splits):
-            scratch[tile, ..., split] = parts[tile, split]
-    shapes = [
-        jax.ShapeDtypeStruct((scratch.size,), jnp.float32),
-        jax.ShapeDtypeStruct((tiles,), jnp.int32),
-        jax.ShapeDtypeStruct((tiles * splits,), jnp.int32),
-        jax.ShapeDtypeStruct((tiles * block_rows * n_sums,), jnp.float32),
-    ]
-    inputs = [jnp.asarray(parts.ravel(), jnp.float32), jnp.asarray(scratch.ravel(), jnp.float32)]
-    inputs.append(jnp.asarray(arrived, jnp.int32))
-    starts = {"input_output_aliases": {1: 0, 2: 1}} if interpreted else {"zeroed_outputs": (1,)}
-    outputs = runtime.launch(
-        _combine_parts, *inputs, out_shape=shapes, grid=(splits, tiles), implementation=harness.KERNEL_IMPLEMENTATION,
-        BLOCK_ROWS=block_rows, N=n_sums, COLUMN_SPLITS=splits, **starts,
-    )  # fmt: skip
-    is_last, totals = (np.asarray(output) for output in outputs[2:])
-    is_last = is_last.reshape(tiles, splits)
-    np.testing.assert_array_equal(is_last.sum(axis=1), 1)
-    if interpreted:
-        np.testing.assert_array_equal(np.argmax(is_last, axis=1), splits - 1 - arrived)
-    np.testing.assert_allclose(
-        totals.reshape(tiles, block_rows, n_sums), parts.astype(np.float32).sum(axis=1), rtol=1e-6, atol=1e-6
-    )
-
-
 @pytest.mark.parametrize(("op", "n_cols"), [("rms_norm", 32769), ("fused_add_rms_norm", 32769), ("layer_norm", 16385)])
 def test_rows_split_among_programs_match_the_closed_forms(op, n_cols):
-    # Rows too wide for one program's partial sums: the rule's 4 splits share each row's 5 or 3 column blocks (the
-    # last partial, the last split's blocks past the row's end), and 5 rows, with the interpreter's programs shared
-    # among the splits, make one program of 5 row tiles a split.
+    # Rows too wide for one program's partial sums: the rule's splits share each row's columns (5 rows, with the
+    # interpreter's programs shared among the splits, make one program of 5 row tiles a split).
     tiling = _tiling.row_tiling(n_cols, reduces_rows=True)
-    assert _tiling.column_splits(n_cols, tiling.block_d, 2 if op == "layer_norm" else 1) == 4
+    assert _tiling.column_splits(n_cols, tiling.block_d, 2 if op == "layer_norm" else 1) == 2
     shape = (5, n_cols)
     x, residual, scale, bias, dy = (
         _normal(50 + i, s) for i, s in enumerate([shape, shape, (n_cols,), (n_cols,), shape])

@@ -167,9 +167,9 @@ def test_row_tiling_keeps_a_row_in_one_tile_up_to_the_limit_then_walks_column_bl
 
 
 def test_tiling_override_replaces_the_rule_where_set():
-    forced = _tiling.TilingOverride(block_d=1024, num_warps=2, prefetch=False, programs_per_sm=3)
+    forced = _tiling.TilingOverride(block_d=1024, num_warps=2, prefetch=False)
     assert _tiling.row_tiling(4000, reduces_rows=True, override=forced) == _tiling.RowTiling(
-        block_rows=2, block_d=1024, num_warps=2, programs_per_sm=3, prefetch=False, walks=True
+        block_rows=2, block_d=1024, num_warps=2, programs_per_sm=_tiling.PROGRAMS_PER_SM, prefetch=False
     )
     # A block wider than the row gives one tile of the row's length rounded up.
     assert _tiling.row_tiling(100, override=_tiling.TilingOverride(block_d=4096)).block_d == 128

@@ -8,12 +8,11 @@ value into a tensor, and ``range`` of a tensor fails there.)
 
 A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. The norms' backward
 kernels keep them in registers, as [blocks, BLOCK_D], also for rows walked in column blocks: there COLUMN_SPLITS
-programs share each row (neighbours in launch order: :func:`program_and_split`), each reading its own
-:func:`split_blocks` once for its partials and its part of the row sums, so its partials stay within the registers
-(``liger_jax.ops._tiling.column_splits`` picks the count). The split that arrives last at a row tile adds up the
-parts and writes dx for the whole row, while the row is still in L2 (:func:`combine_row_sums`): two reads of the
-row whatever the count. DyT's backward, which needs no row statistic, adds each row tile's sums to its row of
-partials in memory instead (:func:`add_to_partial`).
+programs share each row (neighbours in launch order: :func:`program_and_split`), each reads the whole row for the row
+statistics (from L2 after the first) and then writes dx and sums the partials of its own :func:`split_blocks` only, so
+its partials stay within the registers (``liger_jax.ops._tiling.column_splits`` picks the count). DyT's backward,
+which needs no row statistic, adds each row tile's sums to its row of partials in memory instead
+(:func:`add_to_partial`).
 
 ``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
 divisibility-by-16 specialisation, and a runtime row stride or column bound leaves Triton unable to prove that a
@@ -115,41 +114,6 @@ def program_and_split():
     neighbours in launch order, so they run at the same time and all but one read the whole row in their first
     pass from L2."""
     return tl.program_id(1).to(tl.int64), tl.program_id(0)
-
-
-@triton.constexpr_function
-def _padded_splits(column_splits):
-    return triton.next_power_of_2(column_splits)
-
-
-@triton.jit
-def combine_row_sums(row_sums_ptr, arrivals_ptr, tile_index, split, sums, COLUMN_SPLITS: tl.constexpr):
-    """``(is_last, totals)``: whether this split is the last of its row tile's COLUMN_SPLITS to arrive, and then the
-    fp32 row sums of the whole row, [BLOCK_ROWS, N] like ``sums``, this split's part of them.
-
-    Each split stores its part into the tile's [BLOCK_ROWS, N, COLUMN_SPLITS] block of ``row_sums_ptr`` and counts
-    itself on ``arrivals_ptr[tile_index]`` (an int32 that starts at 0): the split that counts last adds up all the
-    parts (the same totals whichever split arrives last); the others get zeros and do nothing more with the tile. No
-    split waits for another, so this runs in any launch order, and in the interpreter.
-    """
-    BLOCK_ROWS: tl.constexpr = sums.shape[0]
-    N: tl.constexpr = sums.shape[1]
-    SPLITS: tl.constexpr = _padded_splits(COLUMN_SPLITS)
-    block = row_sums_ptr + tile_index * (BLOCK_ROWS * N * COLUMN_SPLITS)
-    sum_index = tl.arange(0, BLOCK_ROWS)[:, None] * N + tl.arange(0, N)[None, :]
-    tl.store(block + sum_index * COLUMN_SPLITS + split, sums)
-    # Every thread's store is issued before the count, which releases them to the split that counts last.
-    tl.debug_barrier()
-    is_last = tl.atomic_add(arrivals_ptr + tile_index, 1, sem="acq_rel", scope="gpu") == COLUMN_SPLITS - 1
-    splits = tl.arange(0, SPLITS)[None, None, :]
-    # Past L1 (.cg): a line of parts read earlier on this multiprocessor, for another tile, may be stale.
-    parts = tl.load(
-        block + sum_index[:, :, None] * COLUMN_SPLITS + splits,
-        mask=is_last & (splits < COLUMN_SPLITS),
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    return is_last, tl.sum(parts, axis=2)
 
 
 @triton.jit

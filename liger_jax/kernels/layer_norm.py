@@ -5,8 +5,7 @@ elements apart. Everything is computed in fp32 and y is rounded once, to y's dty
 E[x²] - E[x]² (cancellation): a row that fits one tile gets two exact passes over registers, mean then
 mean((x - mean)²); a longer row, walked in column blocks (see ``liger_jax.kernels._rows``), gets each block's mean
 and centred sum of squares exactly and merges them with Chan et al.'s pairwise update, then a second pass
-normalises block by block. The backward likewise: one pass for the row sums (shared among column splits, see
-``liger_jax.kernels._rows``), one for dx.
+normalises block by block. The backward likewise: one pass for the row sums, one for dx.
 """
 
 import triton
@@ -14,7 +13,6 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    combine_row_sums,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -67,34 +65,31 @@ def layer_norm_fwd(
     mean_ptr,  # [n_rows] fp32
     rstd_ptr,  # [n_rows] fp32
     eps: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program p normalises TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS;
-    it stores y and the fp32 mean and rstd of each row."""
-    for tile_index in range(TILES_PER_PROGRAM):
-        rows = row_block((tl.program_id(0).to(tl.int64) * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
-        if n_cols <= BLOCK_D:
-            cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+    """One program normalises BLOCK_ROWS rows; it stores y and the fp32 mean and rstd of each row."""
+    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    if n_cols <= BLOCK_D:
+        cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / n_cols
+        # Masked columns would contribute (0 - mean)² to the variance: zero them.
+        centred = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
+        _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
+    else:
+        mean, var = _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            mean = tl.sum(x, axis=1) / n_cols
-            # Masked columns would contribute (0 - mean)² to the variance: zero them.
-            centred = tl.where(mask, x - mean[:, None], 0.0)
-            rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
             _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
-        else:
-            mean, var = _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
-            rstd = 1.0 / tl.sqrt(var + eps)
-            for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-                first_col = reversed_block(step, n_cols, BLOCK_D)
-                cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-                x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-                _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
-        tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
-        tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+    tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
 @triton.jit
@@ -201,8 +196,6 @@ def _backward_in_column_blocks(
     dx_ptr,
     dscale_partial_ptr,
     dbias_partial_ptr,
-    row_sums_ptr,
-    arrivals_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
@@ -210,45 +203,38 @@ def _backward_in_column_blocks(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass over this program's split of the columns for
-    its part of Σ g and Σ g · n and for dscale and dbias, whose partial sums stay in registers; the split that
-    arrives last then writes dx for the whole row (see ``liger_jax.kernels._rows``)."""
+    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n, then
+    one over this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
+    ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     dbias = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        row_tile = pid * TILES_PER_PROGRAM + tile_index
-        rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
         sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-        for step in range(OWN_BLOCKS):
-            first_col = split_first_col + step * BLOCK_D
-            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
             block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
             sum_g += block_g
             sum_gn += block_gn
+        for step in range(OWN_BLOCKS):
+            first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+            scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
+            tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dy_f32 = dy.to(tl.float32)
             dscale = add_to_block(dscale, first_col - split_first_col, tl.sum(dy_f32 * normed, axis=0), BLOCK_D)
             dbias = add_to_block(dbias, first_col - split_first_col, tl.sum(dy_f32, axis=0), BLOCK_D)
-        is_last, sums = combine_row_sums(
-            row_sums_ptr, arrivals_ptr, row_tile, split, tl.join(sum_g, sum_gn), COLUMN_SPLITS
-        )
-        if is_last:
-            mean_g, mean_gn = tl.split(sums / n_cols)
-            for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-                first_col = reversed_block(step, n_cols, BLOCK_D)
-                cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-                dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-                normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
-                scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-                dx = _dx(dy, normed, rstd, scale, mean_g, mean_gn)
-                tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
     store_blocks(dbias_partial_ptr + pid * n_cols, dbias, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
@@ -264,8 +250,6 @@ def layer_norm_bwd(
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
-    row_sums_ptr,  # [num_programs · TILES_PER_PROGRAM · BLOCK_ROWS · 2 · COLUMN_SPLITS] fp32 scratch
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32 scratch, zeros
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
@@ -279,8 +263,7 @@ def layer_norm_bwd(
     Program p (split s; see ``_rows.program_and_split``) walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p ·
     TILES_PER_PROGRAM · BLOCK_ROWS and writes its fp32 partial sums of dy · n (dscale) and dy (dbias) into row p of
     the partials, at the columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials
-    (deterministic: the one atomic counts a row tile's splits, ``_rows.combine_row_sums``, which need the scratch
-    ``row_sums_ptr`` and ``arrivals_ptr`` only for rows walked in column blocks).
+    (deterministic, no atomics).
     """
     if n_cols <= BLOCK_D:
         _backward_in_tiles(
@@ -290,5 +273,5 @@ def layer_norm_bwd(
     else:
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
-            row_sums_ptr, arrivals_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

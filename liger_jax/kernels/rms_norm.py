@@ -15,7 +15,6 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    combine_row_sums,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -118,37 +117,32 @@ def _forward(
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_RESIDUAL: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program p normalises TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p · TILES_PER_PROGRAM · BLOCK_ROWS,
-    each in one tile or in column blocks, and stores y and each row's rstd."""
-    for tile_index in range(TILES_PER_PROGRAM):
-        rows = row_block((tl.program_id(0).to(tl.int64) * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
-        if n_cols <= BLOCK_D:
-            cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+    """One program normalises BLOCK_ROWS rows, in one tile or in column blocks, and stores y and each row's rstd."""
+    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    if n_cols <= BLOCK_D:
+        cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
+        x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
+        rstd = _rstd(_sum_squares(x), n_cols, eps)
+        _store_outputs(x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL)
+    else:
+        sum_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+            sum_squares += _sum_squares(_load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL))
+        rstd = _rstd(sum_squares, n_cols, eps)
+        for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            first_col = reversed_block(step, n_cols, BLOCK_D)
+            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
-            rstd = _rstd(_sum_squares(x), n_cols, eps)
             _store_outputs(
                 x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL
             )
-        else:
-            sum_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-            for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-                cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-                sum_squares += _sum_squares(_load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL))
-            rstd = _rstd(sum_squares, n_cols, eps)
-            for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-                first_col = reversed_block(step, n_cols, BLOCK_D)
-                cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-                x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
-                _store_outputs(
-                    x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL
-                )
-        tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
 @triton.jit
@@ -161,17 +155,16 @@ def rms_norm_fwd(
     eps: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """y and the fp32 rstd of each row, TILES_PER_PROGRAM row tiles a program (see ``_forward``)."""
+    """One program normalises BLOCK_ROWS rows; it stores y and the fp32 rstd of each row."""
     # x_ptr and y_ptr stand in for the residual and the sum, which ADD_RESIDUAL=False never touches.
     _forward(
         x_ptr, x_ptr, scale_ptr, n_rows, y_ptr, y_ptr, rstd_ptr,
-        eps, offset, CASTING, False, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        eps, offset, CASTING, False, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
 
@@ -187,7 +180,6 @@ def fused_add_rms_norm_fwd(
     eps: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -196,7 +188,7 @@ def fused_add_rms_norm_fwd(
     """s = x + residual, rounded to x.dtype and stored, then y = RMSNorm(s) and its rstd, as ``rms_norm_fwd``."""
     _forward(
         x_ptr, residual_ptr, scale_ptr, n_rows, y_ptr, sum_ptr, rstd_ptr,
-        eps, offset, CASTING, True, TILES_PER_PROGRAM, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        eps, offset, CASTING, True, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
 
@@ -314,8 +306,6 @@ def _backward_in_column_blocks(
     n_rows,
     dx_ptr,
     dscale_partial_ptr,
-    row_sums_ptr,
-    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -326,38 +316,32 @@ def _backward_in_column_blocks(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass over this program's split of the columns for
-    its part of Σ g · n and for dscale, whose partial sums stay in registers; the split that arrives last then
-    writes dx for the whole row (see ``liger_jax.kernels._rows``)."""
+    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g · n, then one over
+    this program's split of the columns for dx and dscale, whose partial sums stay in registers (see
+    ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        row_tile = pid * TILES_PER_PROGRAM + tile_index
-        rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
         sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+            sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
+        mean_gn = sum_gn / n_cols
         for step in range(OWN_BLOCKS):
-            first_col = split_first_col + step * BLOCK_D
+            first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             scale = _load_scale(scale_ptr, cols, n_cols, offset)
-            sum_gn += _sum_g_normed(dy, x, rstd, scale)
-            # Only the tile's dscale: its dx, which needs the whole row's sum, is left unused (and compiled away).
-            tile_dscale = _gradients(dy, x, rstd, scale, sum_gn, CASTING)[1]
+            dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
+            _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
             dscale = add_to_block(dscale, first_col - split_first_col, tile_dscale, BLOCK_D)
-        is_last, sums = combine_row_sums(row_sums_ptr, arrivals_ptr, row_tile, split, sum_gn[:, None], COLUMN_SPLITS)
-        if is_last:
-            mean_gn = tl.reshape(sums, (BLOCK_ROWS,)) / n_cols
-            for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-                first_col = reversed_block(step, n_cols, BLOCK_D)
-                cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-                dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-                x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-                dx = _gradients(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), mean_gn, CASTING)[0]
-                _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
 
@@ -371,8 +355,6 @@ def _backward(
     n_rows,
     dx_ptr,
     dscale_partial_ptr,
-    row_sums_ptr,
-    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -388,9 +370,7 @@ def _backward(
 
     Program p (split s; see ``_rows.program_and_split``) walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p ·
     TILES_PER_PROGRAM · BLOCK_ROWS and writes its fp32 partial sum of dy · n into row p of dscale_partial, at the
-    columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials (deterministic: the one
-    atomic counts a row tile's splits, ``_rows.combine_row_sums``, which need the scratch ``row_sums_ptr`` and
-    ``arrivals_ptr`` only for rows walked in column blocks).
+    columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials (deterministic, no atomics).
     """
     if n_cols <= BLOCK_D:
         _backward_in_tiles(
@@ -400,8 +380,7 @@ def _backward(
     else:
         _backward_in_column_blocks(
             dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            row_sums_ptr, arrivals_ptr, offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS,
-            n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
 
@@ -414,8 +393,6 @@ def rms_norm_bwd(
     n_rows,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
-    row_sums_ptr,  # [num_programs · TILES_PER_PROGRAM · BLOCK_ROWS · COLUMN_SPLITS] fp32 scratch
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32 scratch, zeros
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -429,7 +406,7 @@ def rms_norm_bwd(
     """dx row by row (see ``_gradients``) and per-program partial sums of dscale (see ``_backward``)."""
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
-        dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, row_sums_ptr, arrivals_ptr,
+        dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
         offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
@@ -444,8 +421,6 @@ def fused_add_rms_norm_bwd(
     n_rows,
     ds_ptr,  # [n_rows, n_cols] x.dtype, the cotangent of x and of residual
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
-    row_sums_ptr,  # [num_programs · TILES_PER_PROGRAM · BLOCK_ROWS · COLUMN_SPLITS] fp32 scratch
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32 scratch, zeros
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -461,6 +436,6 @@ def fused_add_rms_norm_bwd(
     Each element of dsum is read before ds is written at the same offset, so ds may alias dsum.
     """
     _backward(
-        dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr, row_sums_ptr, arrivals_ptr,
+        dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr,
         offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

@@ -146,8 +146,7 @@ def sparsemax_fwd(
     """y = max(x - τ, 0), τ found by the support iteration, for rows that fit one tile: program p walks
     TILES_PER_PROGRAM tiles of BLOCK_ROWS rows, and with PREFETCH loads the next tile before iterating on this one
     (where one program fills a multiprocessor, that load is the only one in flight during the iteration's
-    arithmetic); longer rows are walked in column blocks, TILES_PER_PROGRAM row tiles a program too, never
-    prefetched."""
+    arithmetic); for longer rows, one row tile a program, walked in column blocks."""
     first_tile = tl.program_id(0).to(tl.int64) * TILES_PER_PROGRAM
     if n_cols <= BLOCK_D:
         rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
@@ -167,9 +166,9 @@ def sparsemax_fwd(
             if PREFETCH:
                 stored = next_stored
     else:
-        for tile_index in range(TILES_PER_PROGRAM):
-            rows = row_block((first_tile + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
-            _store_column_block_projection(x_ptr, y_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
+        tl.static_assert(TILES_PER_PROGRAM == 1, "column blocks are not prefetched: one row tile a program")
+        rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
+        _store_column_block_projection(x_ptr, y_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit

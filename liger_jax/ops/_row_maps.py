@@ -53,7 +53,8 @@ def apply(x: jax.Array, forward_kernel, backward_kernel, implementation: runtime
 
     Both kernels are row kernels of the signature in ``liger_jax.ops._rows`` with no constexprs of their own:
     ``forward(x, n_rows, y)`` and ``backward(dy, y, n_rows, dx)``; a forward that also takes PREFETCH and
-    TILES_PER_PROGRAM can walk row tiles (see ``_rows``). Returns y, ``[..., D]`` in x's dtype.
+    TILES_PER_PROGRAM walks row tiles (``_rows.row_launcher``'s ``walks_tiles``). Returns y, ``[..., D]`` in x's
+    dtype.
     """
     return _row_map(x, forward_kernel, backward_kernel, implementation)
 
@@ -78,7 +79,8 @@ _row_map.defvjp(_row_map_fwd, _row_map_bwd)
 
 def _forward_launcher(kernel, implementation):
     """``(x,) -> (y,)`` through the kernel, vmap-able and sharded by rows."""
-    return row_launcher(kernel, (Rows(),), row_argnums=(0,), implementation=implementation)
+    walks_tiles = "TILES_PER_PROGRAM" in kernel.arg_names
+    return row_launcher(kernel, (Rows(),), row_argnums=(0,), implementation=implementation, walks_tiles=walks_tiles)
 
 
 def _backward_launcher(kernel, implementation):

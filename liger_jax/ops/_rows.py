@@ -1,10 +1,10 @@
 """Launching a row-wise kernel: every ``[..., D]`` operand is a stack of rows, cut into tiles by ``_tiling``.
 
 The kernels this serves share one signature: the array operands, then ``n_rows``, then one pointer per output, then
-their own constexprs, ``PREFETCH`` and ``TILES_PER_PROGRAM`` (kernels with a :class:`ColumnSum` output; a forward
-may take either or both, and then walks row tiles where ``_tiling.row_tiling`` says), ``n_cols``, ``row_stride``,
-``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``; a row longer than BLOCK_D is
-walked in column blocks).
+their own constexprs, ``PREFETCH`` and ``TILES_PER_PROGRAM`` (kernels with a :class:`ColumnSum` output, and those
+launched with ``walks_tiles``),
+``n_cols``, ``row_stride``, ``BLOCK_ROWS`` and ``BLOCK_D`` (sizes as constexprs: see ``liger_jax.kernels._rows``;
+a row longer than BLOCK_D is walked in column blocks).
 """
 
 import dataclasses
@@ -52,7 +52,8 @@ def row_launcher(
     row_argnums: tuple[int, ...],
     implementation: runtime.Implementation,
     aliases: tuple[tuple[int, int], ...] = (),
-    split_row_sums: int = 0,
+    column_splits: bool = False,
+    walks_tiles: bool = False,
     **constexprs,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """A function of the kernel's array operands that launches ``kernel`` over all rows.
@@ -64,12 +65,11 @@ def row_launcher(
             statistics ``[...]``. The remaining operands (weights ``[D]``) are passed as they are.
         implementation: ``"triton"`` or ``"interpret"``.
         aliases: ``(operand, output)`` pairs whose buffers may be shared (the operand is dead after the call).
-        split_row_sums: for a kernel that takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
+        column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
             in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
-            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``), how many fp32 sums a row
-            has, which its splits combine (``liger_jax.kernels._rows.combine_row_sums``): the kernel takes two
-            scratch outputs after the others, the splits' parts of the sums and the arrival counts. 0 for other
-            kernels.
+            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
+        walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
+            ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
 
     Returns:
@@ -84,43 +84,37 @@ def row_launcher(
         row_argnums=row_argnums,
         implementation=implementation,
         aliases=aliases,
-        split_row_sums=split_row_sums,
+        column_splits=column_splits,
+        walks_tiles=walks_tiles,
         override=_tiling.current_override(),
         **constexprs,
     )
 
 
 @functools.cache
-def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, split_row_sums, override, **constexprs):
+def _row_launcher(
+    kernel, outputs, *, row_argnums, implementation, aliases, column_splits, walks_tiles, override, **constexprs
+):
     """:func:`row_launcher` for one tiling override (None: the rule's tiling)."""
     reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
-    walks_tiles = not reduces_rows and "TILES_PER_PROGRAM" in kernel.arg_names
-    prefetches = reduces_rows or "PREFETCH" in kernel.arg_names
 
     def launch(*operands):
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
-        tiling = _tiling.row_tiling(
-            n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, prefetches=prefetches, override=override
-        )
+        tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
         splits = 1
-        if split_row_sums:
+        if column_splits:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
-        if tiling.walks:
+        if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
         else:
             programs, tiles_per_program = _tiling.cdiv(n_rows, tiling.block_rows), 1
         grid_constexprs = {}
-        if prefetches:
-            grid_constexprs["PREFETCH"] = tiling.prefetch
         if reduces_rows or walks_tiles:
-            grid_constexprs["TILES_PER_PROGRAM"] = tiles_per_program
-        scratch, zeroed = [], ()
-        if split_row_sums:
+            grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
+        if column_splits:
             grid_constexprs["COLUMN_SPLITS"] = splits
-            scratch = _split_scratch(split_row_sums, splits, programs * tiles_per_program, tiling, n_cols)
-            zeroed = (len(outputs) + 1,) if tiling.block_d < n_cols else ()
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
@@ -129,13 +123,12 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, spli
             kernel,
             *flat,
             n_rows,
-            out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs] + scratch,
-            grid=(splits, programs) if split_row_sums else (programs,),
+            out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs],
+            grid=(splits, programs) if column_splits else (programs,),
             implementation=implementation,
             num_warps=tiling.num_warps,
             num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
-            zeroed_outputs=zeroed,
             **constexprs,
             **grid_constexprs,
             n_cols=n_cols,
@@ -143,7 +136,6 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, spli
             BLOCK_ROWS=tiling.block_rows,
             BLOCK_D=tiling.block_d,
         )
-        results = results[: len(outputs)]
         return tuple(_finished(spec, result, operands) for spec, result in zip(outputs, results, strict=True))
 
     sharded = partitioned(
@@ -153,20 +145,6 @@ def _row_launcher(kernel, outputs, *, row_argnums, implementation, aliases, spli
         partial_sums=[i for i, spec in enumerate(outputs) if isinstance(spec, ColumnSum)],
     )
     return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=reduces_rows)
-
-
-def _split_scratch(
-    n_sums: int, splits: int, row_tiles: int, tiling: _tiling.RowTiling, n_cols: int
-) -> list[jax.ShapeDtypeStruct]:
-    """The scratch a column-split kernel combines its rows' sums in: the splits' fp32 parts, ``n_sums`` a row, and
-    an int32 arrival count a row tile, to be zeroed; a single element each, never read, where a row fits one
-    tile."""
-    if tiling.block_d >= n_cols:
-        return [jax.ShapeDtypeStruct((1,), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)]
-    return [
-        jax.ShapeDtypeStruct((row_tiles * tiling.block_rows * n_sums * splits,), jnp.float32),
-        jax.ShapeDtypeStruct((row_tiles,), jnp.int32),
-    ]
 
 
 def _sharding_rule(outputs: tuple[Output, ...], row_argnums: tuple[int, ...], *operands) -> str:

@@ -43,13 +43,12 @@ COLUMN_BLOCK_WARPS = 16
 MEASURED_TILE_LIMIT = 8192
 WIDE_TILE_ELEMENTS_PER_WARP = 1024
 MAX_WARPS = 32
-# The most fp32 partial sums a backward program keeps in registers while it walks column blocks. Each of a row's
-# splits reads only its own share, and the last to arrive writes the whole row's dx (kernels._rows.combine_row_sums),
-# so more splits cost no more traffic. ptxas (sm_90, Triton 3.6, bf16) for the norms' backward in 8192-column blocks
-# at 16 warps: at 16384 sums a split RMSNorm takes 99 registers a thread (32768 columns in 2 splits, 65536 in 4),
-# the fused add 112, LayerNorm's dscale and dbias 128 (65536 in 4), no spills; at 32768 a split, RMSNorm and the
-# fused add spill 296-336 bytes a thread and LayerNorm none at 32768 columns, 2516 at 65536.
-MAX_REGISTER_PARTIALS = 16384
+# The most fp32 partial sums a backward program keeps in registers while it walks column blocks: 128 KB, half the
+# register file of an H200 SM, which one 16-warp program fills. ptxas (sm_90, Triton 3.6, bf16) for the norms'
+# backward in 8192-column blocks at 16 warps, each split's sums at this limit: RMSNorm 127 registers a thread at
+# 32768 columns (1 split) and at 65536 (2 splits), LayerNorm's dscale and dbias 124 at 32768 (2) and at 65536 (4),
+# no spills; one split more, 100 and 89. Twice the sums a program spill 504-3068 bytes a thread.
+MAX_REGISTER_PARTIALS = 32768
 # Programs per multiprocessor for kernels that reduce across rows: enough resident programs to keep HBM busy,
 # few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
 PROGRAMS_PER_SM = 4
@@ -76,9 +75,9 @@ def cdiv(a: int, b: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class RowTiling:
     """How a [n_rows, n_cols] row-wise kernel is cut: BLOCK_ROWS × BLOCK_D tiles, ``num_warps`` each, and (for
-    kernels that sum over rows, and a forward that ``walks``) ``programs_per_sm`` resident programs walking the
-    tiles, loading the next tile before computing the current one when ``prefetch``. A row longer than ``block_d``
-    is walked in column blocks.
+    kernels that sum over rows, and a forward that walks tiles when it prefetches) ``programs_per_sm`` resident
+    programs walking the tiles, loading the next tile before computing the current one when ``prefetch``. A row
+    longer than ``block_d`` is walked in column blocks.
     """
 
     block_rows: int
@@ -87,7 +86,6 @@ class RowTiling:
     programs_per_sm: int = PROGRAMS_PER_SM
     prefetch: bool = False
     num_stages: int = 1
-    walks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +103,6 @@ class TilingOverride:
         num_stages: Triton's software-pipelining stages for the kernels' loops.
         column_splits: programs that share each row walked in column blocks, in the norms' backward kernels
             (see :func:`column_splits`); any count ≥ 1.
-        programs_per_sm: resident programs per multiprocessor where programs walk row tiles; in a forward that can
-            walk, it also makes rows walked in column blocks walk (see :func:`row_tiling`).
         token_splits: programs that share each example's block of groups in GroupNorm's kernels, each taking a run
             of its tokens (see ``group_norm.group_tiling``); any count ≥ 1.
     """
@@ -117,7 +113,6 @@ class TilingOverride:
     prefetch: bool | None = None
     num_stages: int | None = None
     column_splits: int | None = None
-    programs_per_sm: int | None = None
     token_splits: int | None = None
 
     def __post_init__(self):
@@ -125,7 +120,7 @@ class TilingOverride:
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        for name in ("column_splits", "programs_per_sm", "token_splits"):
+        for name in ("column_splits", "token_splits"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -154,12 +149,7 @@ def current_override() -> TilingOverride | None:
 
 
 def row_tiling(
-    n_cols: int,
-    *,
-    reduces_rows: bool = False,
-    walks_tiles: bool = False,
-    prefetches: bool = True,
-    override: TilingOverride | None = None,
+    n_cols: int, *, reduces_rows: bool = False, walks_tiles: bool = False, override: TilingOverride | None = None
 ) -> RowTiling:
     """Tile shape, warps and prefetching for rows of ``n_cols`` elements.
 
@@ -168,13 +158,11 @@ def row_tiling(
     the kernels that walk tiles and sum over rows want 8 warps, 2 programs per SM and prefetching from D = 4096.
     Wider rows follow the register counts (see the constants): one tile up to MAX_FORWARD_TILE_COLS and
     MAX_BACKWARD_TILE_COLS, without prefetching beyond MEASURED_TILE_LIMIT (a second tile does not fit), column
-    blocks beyond. A forward kernel that can walk row tiles (``walks_tiles``) walks them only where an override
-    asks, neither yet timed on a GPU: one-tile rows where it forces prefetching and the kernel ``prefetches``
-    (sparsemax's, whose one-tile iteration has no load in flight where one program fills a multiprocessor), with
-    programs of MAX_WARPS warps in all per multiprocessor; rows in column blocks where it sets programs_per_sm (so
-    that fewer rows are in flight between a row's passes, which then find it in L2). ``override`` (see
-    :func:`overridden`) replaces any of block_d, block_rows, warps, prefetching, stages and programs per
-    multiprocessor.
+    blocks beyond. A forward kernel that can walk row tiles (``walks_tiles``: sparsemax's, whose one-tile
+    iteration has no load in flight where one program fills a multiprocessor) walks them, the next one prefetched,
+    only where an override forces prefetching (not yet timed on a GPU), with programs of MAX_WARPS warps in all
+    per multiprocessor. ``override`` (see :func:`overridden`) replaces any of block_d, block_rows, warps,
+    prefetching and stages.
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
@@ -192,21 +180,18 @@ def row_tiling(
     prefetch = reduces_rows and tile <= MEASURED_TILE_LIMIT
     if override.prefetch is not None:
         prefetch = override.prefetch
-    prefetch = prefetch and one_tile and (reduces_rows or prefetches)
     num_warps = override.num_warps or num_warps
-    if walks_tiles and one_tile:
-        programs_per_sm, walks = max(1, MAX_WARPS // num_warps), prefetch
+    if walks_tiles:
+        programs_per_sm = max(1, MAX_WARPS // num_warps)
     else:
         programs_per_sm = WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM
-        walks = reduces_rows or (walks_tiles and override.programs_per_sm is not None)
     return RowTiling(
         block_rows=block_rows,
         block_d=block_d,
         num_warps=num_warps,
-        programs_per_sm=override.programs_per_sm or programs_per_sm,
-        prefetch=prefetch,
+        programs_per_sm=programs_per_sm,
+        prefetch=prefetch and one_tile,
         num_stages=override.num_stages or 1,
-        walks=walks,
     )
 
 

@@ -154,7 +154,7 @@ def _backward(offset, casting_mode, implementation):
         (Rows(), ColumnSum()),
         row_argnums=(0, 1, 2, 4),
         implementation=implementation,
-        split_row_sums=1,
+        column_splits=True,
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],
     )

@@ -128,5 +128,5 @@ def _backward(implementation):
         (Rows(), ColumnSum(), ColumnSum()),
         row_argnums=(0, 1, 3, 4),
         implementation=implementation,
-        split_row_sums=2,
+        column_splits=True,
     )

@@ -153,7 +153,7 @@ def _backward_launcher(offset, casting_mode, implementation):
         (Rows(), ColumnSum()),
         row_argnums=(0, 1, 3),
         implementation=implementation,
-        split_row_sums=1,
+        column_splits=True,
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],
     )
