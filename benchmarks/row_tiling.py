@@ -117,21 +117,18 @@ DIVERGENCE_ALTERNATIVES = (
     {"num_warps": 8, "num_stages": 3},
     {"block_d": 8192, "num_warps": 8, "num_stages": 2},
 )
-# Around GroupNorm's rule (64-channel blocks, 256-token chunks, 32 warps at the target: 128 programs, one per SM as
-# registers allow, each stalling on its chunk's reductions). Narrower blocks make more programs, and fewer warps let
-# several share an SM (ptxas, sm_90: 16 channels × 256 tokens at 8 warps, 64 registers: 4 a SM, all 512 resident;
-# 32 × 128 at 8 warps: 3-4), each walking a smaller block, whose second pass finds more of it in L2; the token loops
-# pipelined; or the tokens shared among 2-8 programs (two launches a pass, the second reading the data again, partly
-# from L2: 8 passes against the floor's 5, but 256-1024 programs in flight instead of 128).
+# Around GroupNorm's rule (64-channel blocks, 512-token chunks, 16 warps, and at the target its 128 programs' tokens
+# split in two: two launches a pass, the second reading the data again, partly from L2): one launch, more splits,
+# 8 warps (ptxas, sm_90: up to 255 registers with 512-token chunks, 80-142 with 256), the old rule's 32 warps, and
+# narrower blocks of 32 channels.
 GROUP_ALTERNATIVES = (
-    {"block_d": 16, "block_rows": 256, "num_warps": 8},
-    {"block_d": 32, "block_rows": 256, "num_warps": 16},
-    {"num_stages": 2},
-    {"token_splits": 2},
+    {"token_splits": 1},
     {"token_splits": 4},
-    {"token_splits": 8},
-    {"token_splits": 4, "num_warps": 16},
-    {"token_splits": 8, "block_rows": 256, "num_warps": 16},
+    {"token_splits": 4, "num_warps": 8},
+    {"token_splits": 8, "num_warps": 8},
+    {"token_splits": 16, "block_rows": 256, "num_warps": 8},
+    {"num_warps": 32, "token_splits": 1},
+    {"block_d": 32, "block_rows": 256, "num_warps": 16},
 )
 
 
@@ -203,7 +200,9 @@ def _divergence_tilings(n_cols: int, override: TilingOverride | None) -> tuple[s
 def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str, str]:
     from liger_jax.ops import group_norm
 
-    t = group_norm.group_tiling(params["tokens"], params["channels"], params["groups"], override)
+    t = group_norm.group_tiling(
+        params["tokens"], params["channels"], params["groups"], override, n_batch=params["batch"]
+    )
     text = (
         f"{t.block_s}x{t.block_c}/w{t.num_warps}"
         + (f"/s{t.num_stages}" if t.num_stages > 1 else "")

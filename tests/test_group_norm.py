@@ -99,10 +99,10 @@ def test_check_grads_fp32_kernel_and_float64_reference():
 @pytest.mark.parametrize(
     ("shape", "num_groups", "override"),
     [
-        # Chunks of 8 tokens (the last of 37 partial) over three blocks of two 8-channel groups.
-        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8)),
+        # In one launch a pass: chunks of 8 tokens (the last of 37 partial) over three blocks of two 8-channel groups.
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8, token_splits=1)),
         # One-token chunks, groups of 3 channels in blocks of 4 groups (16 channels, the tail of each masked).
-        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1)),
+        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=1)),
         # Token splits (two launches a pass): runs of two 8-token chunks, the last run 5 tokens (its second chunk
         # empty); runs of one 4-token chunk, the last of 37 tokens alone; one-token runs of groups of 3 channels.
         ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8, token_splits=3)),
@@ -208,8 +208,25 @@ def test_tiling_covers_whole_groups_in_cache_lines():
         )
         assert tiling.block_s * tiling.block_c <= max(group_norm_op.CHUNK_ELEMENTS, tiling.block_c)
         assert 4 <= tiling.num_warps <= group_norm_op.MAX_WARPS
-    target = group_norm_op.group_tiling(4096, 512, 32)
-    assert target.grid(16, 32) == (16, 8, 1) and target.block_c == 64
+    target = group_norm_op.group_tiling(4096, 512, 32, n_batch=16)
+    assert target.grid(16, 32) == (16, 8, 2) and (target.block_c, target.block_s, target.num_warps) == (64, 512, 16)
+
+
+@pytest.mark.parametrize(
+    ("n_batch", "n_tokens", "channels", "splits"),
+    [
+        (16, 4096, 512, 2),  # 128 programs, runs of 4 chunks
+        (16, 16384, 512, 2),
+        (16, 4096, 1024, 1),  # 256 programs: more than the multiprocessors
+        (1, 2047, 512, 1),  # runs of under two 512-token chunks
+        (1, 2048, 512, 2),
+        (300, 4096, 64, 1),
+    ],
+)
+def test_rule_splits_tokens_only_where_blocks_leave_multiprocessors_idle(n_batch, n_tokens, channels, splits):
+    tiling = group_norm_op.group_tiling(n_tokens, channels, 32, n_batch=n_batch)
+    assert tiling.token_splits == splits
+    assert _tiling.multiprocessor_count() == 132  # no GPU here: an H100's or H200's count
 
 
 @pytest.mark.parametrize(("n_tokens", "splits"), [(4096, 4), (37, 3), (37, 10), (5, 5), (10, 4), (1, 2)])

@@ -886,16 +886,35 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): _FORWARD_MASKED_OR_ZERO_DY,
-    # The forward's first pass divides by the chunk's count of tokens (0 or below past the end): those are killed.
+    # A chunk past a run's end loads nothing: the moments count it as 0 tokens (``_merged_moments`` clamps the count,
+    # which a split's shorter last run needs), the sums add zeros, the stores are masked off.
     **{
-        (
-            _GROUP_NORM,
-            "for chunk in range((n_tokens + BLOCK_S - 1) // BLOCK_S):",
-            "n_tokens + BLOCK_S - 1",
-            replacement,
-        ): "an extra chunk of the backward's first pass lies wholly past n_tokens, masked off: it adds zeros"
-        for replacement in ("(n_tokens + BLOCK_S + 1)", "(n_tokens + BLOCK_S)")
+        (_GROUP_NORM, context, original, replacement): (
+            "an extra chunk lies wholly past its run of tokens, masked off: it adds nothing and stores nothing"
+        )
+        for context, original, replacement in [
+            ("(n_tokens + BLOCK_S - 1) // BLOCK_S,", "n_tokens + BLOCK_S - 1", "(n_tokens + BLOCK_S + 1)"),
+            ("(n_tokens + BLOCK_S - 1) // BLOCK_S,", "n_tokens + BLOCK_S - 1", "(n_tokens + BLOCK_S)"),
+            ("TOKENS_PER_SPLIT // BLOCK_S,", "TOKENS_PER_SPLIT // BLOCK_S", "(TOKENS_PER_SPLIT * BLOCK_S)"),
+        ]
     },
+    (
+        _GROUP_NORM,
+        "offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)",
+        "groups < n_groups",
+        "(groups <= n_groups)",
+    ): _ONE_PAST_LOAD,
+    (_GROUP_NORM, "split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0)", "0.0", "(1.0)"): (
+        "a split past the last counts 0 tokens: its mean is weighted by 0 in the mean and in the squares' spread"
+    ),
+    (_GROUP_NORM, "if split == 0:", "split == 0", "(split != 0)"): (
+        "every split of a block merges the same moments into the same mean and rstd: which splits store them "
+        "changes no value"
+    ),
+    (_GROUP_NORM, "if split == 0:", "0", "(1)"): (
+        "every split of a block merges the same moments into the same mean and rstd, and every forced split test "
+        "has a second split to store them"
+    ),
 }
 
 

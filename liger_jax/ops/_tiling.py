@@ -209,7 +209,9 @@ def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOv
 
 
 @functools.cache
-def _multiprocessor_count() -> int:
+def multiprocessor_count() -> int:
+    """The default device's multiprocessors (streaming multiprocessors on a GPU); 132, an H100's or H200's, where
+    the device does not say (a CPU)."""
     return int(getattr(jax.devices()[0], "core_count", 0) or 132)
 
 
@@ -222,7 +224,7 @@ def reduction_grid(n_rows: int, tiling: RowTiling, implementation: str, segments
     if implementation == "interpret":
         limit = INTERPRETER_PROGRAMS
     else:
-        limit = tiling.programs_per_sm * _multiprocessor_count()
+        limit = tiling.programs_per_sm * multiprocessor_count()
     limit = max(1, limit // segments)
     tiles = cdiv(n_rows, tiling.block_rows)
     tiles_per_program = cdiv(tiles, max(1, min(tiles, limit)))

@@ -18,16 +18,23 @@ from liger_jax.ops._tiling import cdiv, next_power_of_2
 # of at least 128 bytes (bf16): whole cache lines, however few channels a group has.
 MIN_BLOCK_CHANNELS = 64
 # Tokens are walked in chunks of about this many elements: 64 KB of bf16 per load keeps enough bytes in flight for
-# one program per SM (the target shape, 16 × 4096 tokens × 512 channels in 32 groups, makes 128 programs). A group
-# block of at most this many elements is read once and kept in registers (one pass); a longer one is read twice,
-# the second pass from the end (L2). Measured on the H200 at the target (bf16 fwd+bwd, benchmarks.row_tiling):
-# 512-token chunks of 64 channels at 32 warps 0.257 ms (1.55x XLA), 256 tokens 0.313 ms (1.27x), 128 tokens at 16
-# warps 0.342 ms, 256 tokens of 32 channels at 16 warps 0.265 ms.
+# one program per SM. A group block of at most this many elements is read once and kept in registers (one pass); a
+# longer one is read twice, the second pass from the end (L2). Measured on the H200 at the target (16 × 4096 tokens
+# × 512 channels in 32 groups, bf16 fwd+bwd, benchmarks.row_tiling, 32 warps): 512-token chunks of 64 channels
+# 0.257 ms (1.55x XLA), 256 tokens 0.313 ms (1.27x), 128 tokens at 16 warps 0.342 ms.
 CHUNK_ELEMENTS = 32768
-# 16 elements of a chunk per thread, at least 4 warps, at most 32 (so the target's 512 × 64 chunks get 32 each:
-# ptxas spills a few bytes in the backward, which the measurement above includes).
-ELEMENTS_PER_WARP = 512
-MAX_WARPS = 32
+# 32 elements of a chunk per thread, at least 4 warps, at most 16: the target's 512 × 64 chunks get 16, which beat 32
+# on an H100 (bf16 fwd+bwd; ptxas spills a few bytes in the one-launch backward, which the numbers include):
+# 0.262 → 0.233 ms at the target, 0.488 → 0.414 at 1024 channels (256 programs), 1.049 → 0.894 at 16384 tokens.
+ELEMENTS_PER_WARP = 1024
+MAX_WARPS = 16
+# Where an input's examples × blocks of groups make no more programs than the GPU has multiprocessors (the target's
+# 16 × 8 = 128), two programs share each block's tokens (two launches a pass: the statistics, then y or dx), if each
+# run still holds two chunks. H100, bf16 fwd+bwd, 16 warps: 0.233 → 0.215 ms at the target (2.03x XLA; 4 and 8
+# splits 0.221 and 0.227), 0.894 → 0.808 at 16384 tokens (1.36x); at 1024 channels (256 programs) 2 splits lose
+# (0.421 against 0.414).
+RULE_TOKEN_SPLITS = 2
+MIN_SPLIT_CHUNKS = 2
 # The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
 MAX_BLOCK_CHANNELS = 16384
 
@@ -171,23 +178,35 @@ class GroupTiling:
 
 
 def group_tiling(
-    n_tokens: int, n_channels: int, num_groups: int, override: _tiling.TilingOverride | None = None
+    n_tokens: int,
+    n_channels: int,
+    num_groups: int,
+    override: _tiling.TilingOverride | None = None,
+    *,
+    n_batch: int = 1,
 ) -> GroupTiling:
-    """The tiling rule: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power of two of them), all of
-    an example's tokens in one program, walked in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all
-    tokens fit).
+    """The tiling rule for ``n_batch`` examples: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power
+    of two of them), walked in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit); the tokens
+    shared among RULE_TOKEN_SPLITS programs where the examples' blocks make no more programs than the GPU has
+    multiprocessors and every run keeps MIN_SPLIT_CHUNKS chunks.
 
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
-    with its ``block_rows``, the warps and stages with its own, and shares the tokens among ``token_splits``
-    programs (runs of whole chunks; fewer splits where the runs would otherwise leave one empty).
+    with its ``block_rows``, the warps and stages with its own, and the splits with its ``token_splits`` (runs of
+    whole chunks; fewer splits where the runs would otherwise leave one empty).
     """
     override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
     min_channels = override.block_d or MIN_BLOCK_CHANNELS
     groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
-    run = cdiv(n_tokens, override.token_splits or 1)
-    block_s = override.block_rows or max(1, min(next_power_of_2(run), CHUNK_ELEMENTS // block_c))
+    chunk_tokens = override.block_rows or max(1, CHUNK_ELEMENTS // block_c)
+    splits = override.token_splits
+    if splits is None:
+        few_programs = n_batch * cdiv(num_groups, groups_per_block) <= _tiling.multiprocessor_count()
+        long_runs = n_tokens >= RULE_TOKEN_SPLITS * MIN_SPLIT_CHUNKS * chunk_tokens
+        splits = RULE_TOKEN_SPLITS if few_programs and long_runs else 1
+    run = cdiv(n_tokens, splits)
+    block_s = min(next_power_of_2(run), chunk_tokens)
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
     tokens_per_split = cdiv(run, block_s) * block_s
     return GroupTiling(
@@ -204,7 +223,8 @@ def group_tiling(
 def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[GroupTiling, tuple[int, int, int], dict]:
     """The tiling, the grid and the constexprs every kernel shares for ``x [..., n_tokens, n_channels]``."""
     n_tokens, n_channels = x.shape[-2:]
-    tiling = group_tiling(n_tokens, n_channels, num_groups, override)
+    n_batch = math.prod(x.shape[:-2])
+    tiling = group_tiling(n_tokens, n_channels, num_groups, override, n_batch=n_batch)
     constexprs = {
         "num_warps": tiling.num_warps,
         "num_stages": tiling.num_stages,
@@ -216,7 +236,7 @@ def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[GroupTili
         "BLOCK_S": tiling.block_s,
         "BLOCK_C": tiling.block_c,
     }
-    return tiling, tiling.grid(math.prod(x.shape[:-2]), num_groups), constexprs
+    return tiling, tiling.grid(n_batch, num_groups), constexprs
 
 
 def _split_constexprs(tiling: GroupTiling) -> dict:
