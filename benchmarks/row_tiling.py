@@ -6,10 +6,11 @@ targets (``benchmarks.cases``), times the forward and fwd+bwd of XLA, of the op'
 candidate tilings forced on it through ``liger_jax.ops._tiling.overridden`` (see :func:`candidates`): warps and rows
 per tile around the rule for the row kernels (``_tiling.row_tiling``, with ``_heavy_rows``' warps for DyT, PolyNorm
 and modulated RMSNorm), column blocks for rows of 32768; the vocabulary block, warps and pipelining stages of the
-divergence kernel (``_divergence_rows.block_tiling``); channels per block, tokens per chunk, warps and stages of
-GroupNorm's (``group_norm.group_tiling``). Prints the tables of ``benchmarks.norm_tiling`` per (op, shape) and rows
-go to ``DIR/row_tiling.jsonl`` as they are measured. ``--registers`` instead compiles every candidate's kernels for
-sm_90 (no GPU needed; run it without TRITON_INTERPRET) and prints ptxas's registers and spill bytes per thread.
+divergence kernel (``_divergence_rows.block_tiling``); channels per block, tokens per chunk, warps, stages and
+token splits of GroupNorm's (``group_norm.group_tiling``). Prints the tables of ``benchmarks.norm_tiling`` per (op,
+shape) and rows go to ``DIR/row_tiling.jsonl`` as they are measured. ``--registers`` instead compiles every
+candidate's kernels for sm_90 (no GPU needed; run it without TRITON_INTERPRET) and prints ptxas's registers and
+spill bytes per thread.
 """
 
 from __future__ import annotations
