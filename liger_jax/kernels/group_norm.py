@@ -65,6 +65,16 @@ def _membership(GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _block(
+    block, n_channels: tl.constexpr, GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    """Block ``block``'s membership mask [GROUPS_PER_BLOCK, BLOCK_C] (see :func:`_membership`), its channel indices
+    [BLOCK_C] and which of them are its own (see :func:`_block_channels`)."""
+    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    return _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C), channels, own
+
+
+@triton.jit
 def _per_group(values, membership):
     """Σ over each group's channels of per-channel ``values`` [BLOCK_C] fp32: [GROUPS_PER_BLOCK]."""
     return tl.sum(tl.where(membership, values[None, :], 0.0), axis=1)
@@ -225,8 +235,7 @@ def group_norm_fwd(
     """Program (b, k) normalises groups [k · GROUPS_PER_BLOCK, (k + 1) · GROUPS_PER_BLOCK) of example b; it stores
     their y and each group's fp32 mean and rstd."""
     batch, block = tl.program_id(0), tl.program_id(1)
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
     if n_tokens <= BLOCK_S:
         offsets, mask = _chunk(batch, 0, n_tokens, channels, own, n_tokens, n_channels, BLOCK_S)
@@ -321,8 +330,7 @@ def group_norm_split_moments(
 ):
     """Program (b, k, s) stores the mean and centred sum of squares of each of its groups over split s's tokens."""
     batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
     channel_mean, channel_squares = _run_moments(
         x_ptr,
@@ -368,8 +376,7 @@ def group_norm_split_fwd(
     """Program (b, k, s) merges its groups' split moments into each group's mean and rstd (split 0 stores them)
     and writes y of split s's tokens."""
     batch, block, split = _reversed_programs()
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
     offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)
     split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0)
@@ -528,8 +535,7 @@ def group_norm_bwd(
     """Program (b, k) writes dx of its groups of example b (see ``_store_dx``) and their channels' per-example
     partial sums of dscale and dbias (XLA adds the examples: deterministic, no atomics)."""
     batch, block = tl.program_id(0), tl.program_id(1)
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     scale = _load_channels(scale_ptr, channels, n_channels)
     mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
     count = n_tokens * GROUP_SIZE
@@ -603,8 +609,7 @@ def group_norm_split_sums(
     """Program (b, k, s) stores its channels' Σ dy · x̂ and Σ dy over split s's tokens: dscale's and dbias's
     partials (XLA adds them) and the sums dx needs."""
     batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
     first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
     sum_dy_xhat, sum_dy = _run_sums(
@@ -650,8 +655,7 @@ def group_norm_split_bwd(
 ):
     """Program (b, k, s) adds its channels' split sums and writes dx of split s's tokens (see ``_store_dx``)."""
     batch, block, split = _reversed_programs()
-    membership = _membership(GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    channels, own = _block_channels(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     scale = _load_channels(scale_ptr, channels, n_channels)
     mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
     offsets, valid = _split_offsets(batch, channels, own, SPLITS, n_channels, SPLIT_BLOCK)

@@ -169,9 +169,9 @@ class GroupTiling:
     block_c: int
     block_s: int
     num_warps: int
-    num_stages: int = 1
-    token_splits: int = 1
-    tokens_per_split: int = 0
+    num_stages: int
+    token_splits: int
+    tokens_per_split: int
 
     def grid(self, n_batch: int, num_groups: int) -> tuple[int, int, int]:
         return n_batch, cdiv(num_groups, self.groups_per_block), self.token_splits
@@ -239,9 +239,11 @@ def _kernel_settings(x: jax.Array, num_groups: int, override) -> tuple[GroupTili
     return tiling, tiling.grid(n_batch, num_groups), constexprs
 
 
-def _split_constexprs(tiling: GroupTiling) -> dict:
-    """The constexprs the split kernels add."""
-    return {"SPLITS": tiling.token_splits, "TOKENS_PER_SPLIT": tiling.tokens_per_split}
+def _split_constexprs(tiling: GroupTiling, *, merges: bool) -> dict:
+    """The constexprs the split kernels add; a kernel that ``merges`` the splits' results (the second launch of a
+    pass) also takes SPLIT_BLOCK, the splits up to a power of two."""
+    constexprs = {"SPLITS": tiling.token_splits, "TOKENS_PER_SPLIT": tiling.tokens_per_split}
+    return constexprs | ({"SPLIT_BLOCK": next_power_of_2(tiling.token_splits)} if merges else {})
 
 
 # Examples (the leading axes) shard freely; a launch needs each example's tokens and channels whole.
@@ -267,10 +269,13 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
                 kernels.group_norm_fwd, x, scale, bias, out_shape=outputs, eps=epsilon, **settings
             )
         else:
-            splits = _split_constexprs(tiling)
             split_stats = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, num_groups), jnp.float32)
             moments = runtime.launch(
-                kernels.group_norm_split_moments, x, out_shape=[split_stats, split_stats], **settings, **splits
+                kernels.group_norm_split_moments,
+                x,
+                out_shape=[split_stats, split_stats],
+                **settings,
+                **_split_constexprs(tiling, merges=False),
             )
             y, mean, rstd = runtime.launch(
                 kernels.group_norm_split_fwd,
@@ -280,9 +285,8 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
                 *moments,
                 out_shape=outputs,
                 eps=epsilon,
-                SPLIT_BLOCK=next_power_of_2(tiling.token_splits),
                 **settings,
-                **splits,
+                **_split_constexprs(tiling, merges=True),
             )
         lead = x.shape[:-2]
         return y, mean.reshape(*lead, num_groups), rstd.reshape(*lead, num_groups)
@@ -306,10 +310,16 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
                 kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
             )
         else:
-            splits = _split_constexprs(tiling)
             partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
             dscale, dbias = runtime.launch(
-                kernels.group_norm_split_sums, dy, x, mean, rstd, out_shape=[partial, partial], **settings, **splits
+                kernels.group_norm_split_sums,
+                dy,
+                x,
+                mean,
+                rstd,
+                out_shape=[partial, partial],
+                **settings,
+                **_split_constexprs(tiling, merges=False),
             )
             dx = runtime.launch(
                 kernels.group_norm_split_bwd,
@@ -321,9 +331,8 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
                 dscale,
                 dbias,
                 out_shape=dx_shape,
-                SPLIT_BLOCK=next_power_of_2(tiling.token_splits),
                 **settings,
-                **splits,
+                **_split_constexprs(tiling, merges=True),
             )
             dscale, dbias = dscale.sum(axis=1), dbias.sum(axis=1)
         lead = x.shape[:-2]
