@@ -32,12 +32,18 @@ MAX_FORWARD_TILE_COLS = 32768
 # tile, 108-408 at 8-32 warps. Spills go to L1: Liger's 16-warp torch kernel runs at 95% of the HBM floor there,
 # against 10% for an 8-warp kernel that prefetches and spills 4 KB. At 32768 columns, 260-904 bytes.
 MAX_BACKWARD_TILE_COLS = 16384
-# Longer rows are walked in blocks of this many columns, at 16 warps (16 columns per thread). Measured on the H200
-# (4096 × 32768 bf16 fwd+bwd, benchmarks.norm_tiling; the backward's partial sums in registers): RMSNorm 0.611 ms
-# (1.06x XLA) against 0.755 ms with 4096-column blocks, fused add+RMSNorm 0.735 ms (1.48x XLA, 86% of its floor)
-# against 0.994 ms.
+# Longer rows are walked in blocks of this many columns, 16 columns per thread (COLUMN_ELEMENTS_PER_WARP). The
+# backward's, measured on the H200 (4096 × 32768 bf16 fwd+bwd, benchmarks.norm_tiling; the partial sums in
+# registers): RMSNorm 0.611 ms (1.06x XLA) against 0.755 ms with 4096-column blocks, fused add+RMSNorm 0.735 ms
+# (1.48x XLA, 86% of its floor) against 0.994 ms. On an H100 (2026-12-06, 4096 rows, bf16), 16384-column blocks at 32
+# warps lost there (RMSNorm's backward 0.419 ms against 0.382 at 32768, LayerNorm's 1.209 against 0.542), and so did
+# the partial sums kept in memory rather than in registers (0.613-0.807 ms against 0.389). A forward holds no
+# partials: at 65536 columns its 16384-column blocks at 32 warps took 0.469-0.478 ms for RMSNorm against 0.499-0.507
+# in 8192-column blocks, LayerNorm 0.468-0.474 against 0.525-0.531, fused add+RMSNorm 0.937-0.946 against 1.011-1.023
+# (three runs).
 COLUMN_BLOCK = 8192
-COLUMN_BLOCK_WARPS = 16
+FORWARD_COLUMN_BLOCK = 16384
+COLUMN_ELEMENTS_PER_WARP = 512
 # Tiles up to this size keep the warp counts measured on the H200 (see row_tiling); wider ones get 32 elements of a
 # row per thread (Liger's 16 warps at 16384 columns, 32 at 32768): the forward kernels fit that without spilling.
 MEASURED_TILE_LIMIT = 8192
@@ -166,13 +172,14 @@ def row_tiling(
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
-    block_d = override.block_d or (next_power_of_2(n_cols) if n_cols <= max_tile_cols else COLUMN_BLOCK)
+    column_block = COLUMN_BLOCK if reduces_rows else FORWARD_COLUMN_BLOCK
+    block_d = override.block_d or (next_power_of_2(n_cols) if n_cols <= max_tile_cols else column_block)
     block_d = min(block_d, next_power_of_2(n_cols))
     one_tile = block_d >= n_cols
     block_rows = override.block_rows or rows_per_tile(block_d, ROW_TILE_ELEMENTS)
     tile = block_rows * block_d
     if not one_tile:
-        num_warps = COLUMN_BLOCK_WARPS
+        num_warps = max(4, min(MAX_WARPS, tile // COLUMN_ELEMENTS_PER_WARP))
     elif tile <= MEASURED_TILE_LIMIT:
         num_warps = max(8 if reduces_rows and block_d >= 4096 else 4, min(16, tile // 2048))
     else:
