@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the H200: what a session has to check there, each part under its own time limit, logs in one folder.
 #
-#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [e2e]   (default: tests example suite e2e)
+#   bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [counters] [e2e]   (default: tests example suite e2e)
 #
 # Run from the repository root after installing the carried jax-triton wheel on PYTHONPATH. Parts:
 #   tests    the whole test suite with LIGER_JAX_IMPLEMENTATION=triton (4 groups at once, ~4 min), then the convergence
@@ -14,11 +14,13 @@
 #   tiling   the row kernels' tiling candidates (benchmarks.row_tiling) of the ops in TILING_OPS (default
 #            group_norm, modulated_rms_norm and sparsemax: GroupNorm's token splits, modulated RMSNorm's backward
 #            prefetch and sparsemax's walking forward are yet to be measured), tables in OUT/tiling
+#   counters hardware counters (ncu) of the kernels of COUNTER_CASES (default: RMSNorm, LayerNorm and fused
+#            add+RMSNorm at 4096 × 32768, the widths issue 19 still wants faster), via benchmarks.kernel_counters
 #   e2e      the end-to-end 1b step alone (tokens/s and memory, with and without liger, at the same batch and at
 #            each one's largest): the providers in E2E_PROVIDERS (default "xla liger_jax") within E2E_BUDGET_S
 #            (default 540) (E2E_FLAGS=--remat for the rematerialised comparison)
 set -uo pipefail
-out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [e2e]}
+out=${1:?usage: bash benchmarks/gpu_session.sh OUT [tests] [example] [suite] [wide] [tiling] [counters] [e2e]}
 shift
 parts=("$@")
 [[ ${#parts[@]} -eq 0 ]] && parts=(tests example suite e2e)
@@ -77,6 +79,13 @@ for part in "${parts[@]}"; do
         --op ${TILING_OPS:-group_norm modulated_rms_norm sparsemax} --out "$out/tiling" >"$out/tiling.log" 2>&1
       tail -n 30 "$out/tiling.log"
       ;;
+    counters)
+      # shellcheck disable=SC2086  # COUNTER_CASES is a list
+      timeout "${COUNTERS_TIMEOUT_S:-300}" python3 -m benchmarks.kernel_counters ${COUNTER_CASES:-rms_norm:tokens=4096,hidden=32768 \
+        layer_norm:tokens=4096,hidden=32768 fused_add_rms_norm:tokens=4096,hidden=32768} --out "$out/counters" \
+        >"$out/counters.log" 2>&1
+      tail -n 20 "$out/counters.log"
+      ;;
     e2e)
       # shellcheck disable=SC2086  # E2E_PROVIDERS and E2E_FLAGS are lists
       PYTHONUNBUFFERED=1 python3 -m benchmarks.e2e --provider ${E2E_PROVIDERS:-xla liger_jax} --out "$out/e2e" \
@@ -84,7 +93,7 @@ for part in "${parts[@]}"; do
       tail -8 "$out/e2e.log"
       ;;
     *)
-      echo "unknown part: $part (tests, example, suite, wide, tiling, e2e)" >&2
+      echo "unknown part: $part (tests, example, suite, wide, tiling, counters, e2e)" >&2
       exit 2
       ;;
   esac

@@ -652,3 +652,33 @@ def test_kernel_times_runs_every_tiling_of_a_case(capsys):
     kernel_times.main(["softmax:tokens=8,cols=16", "--warps", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[2] for line in lines] == ["rule", "r1/w2"]
+
+
+def test_kernel_counters_reads_ncu_raw_csv_after_the_programs_own_lines():
+    from benchmarks import kernel_counters
+
+    metrics = list(kernel_counters.METRICS.values())
+    header = ",".join(f'"{name}"' for name in ["ID", "Kernel Name", *metrics])
+    units = ",".join(['""', '""'] + ['""'] * len(metrics))
+    values = {metric: '"1"' for metric in metrics}
+    values |= {
+        "gpu__time_duration.sum": '"391,680"',
+        "dram__bytes_read.sum": '"577,580,800"',
+        "launch__grid_size": '"256"',
+    }
+    row = ",".join(['"0"', '"rms_norm_bwd"'] + [values[metric] for metric in metrics])
+    table = kernel_counters.counters_table("\n".join(["==PROF== Connected", header, units, row]))
+    assert table.loc[0, "kernel"] == "rms_norm_bwd"
+    assert table.loc[0, "us"] == pytest.approx(391.68) and table.loc[0, "read MB"] == pytest.approx(577.5808)
+    assert table.loc[0, "grid"] == 256 and table.loc[0, "DRAM %"] == 1
+    with pytest.raises(ValueError, match="no ncu CSV table"):
+        kernel_counters.counters_table("==PROF== No kernels were profiled.")
+
+
+def test_kernel_counters_child_runs_a_case_under_a_parsed_override():
+    from benchmarks import kernel_counters
+    from liger_jax.ops import _tiling
+
+    override = kernel_counters.parse_override("block_d=16,num_warps=2,prefetch=false")
+    assert override == _tiling.TilingOverride(block_d=16, num_warps=2, prefetch=False)
+    kernel_counters.main(["--child", "softmax:tokens=8,cols=40", "--override", "block_d=16,num_warps=2"])
