@@ -76,7 +76,8 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
 # (_tiling.column_splits). Measured (2026-12-05, 16384 rows, bf16 fwd+bwd, kernel / XLA) on the H200: RMSNorm 1.29x
 # at 32768, 0.97x at 65536; fused add+RMSNorm 1.81x, 1.31x; LayerNorm, whose backward sums two rows of partials,
 # 1.27x at 32768, 0.83x at 65536 (on an H100: RMSNorm 1.37x, 1.05x; fused add 1.80x, 1.30x; LayerNorm 1.54x, 1.00x).
-# Wider rows are not measured.
+# With the forward's 16384-column blocks (2026-12-06, H100, 4096 rows): RMSNorm 1.05x, LayerNorm 0.97x, fused add
+# 1.31x at 65536; not yet timed on the H200, so the limits stay. Wider rows are not measured.
 # DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
 # (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
 MAX_KERNEL_COLS: dict[str, int] = {
