@@ -9,14 +9,14 @@ replays every matching kernel with the caches flushed; one line per kernel gives
 duration, the DRAM bytes it read and wrote, DRAM throughput as a share of the peak, the L2 hit rate, the warps
 active (occupancy) and the cycles between a warp's instructions. A kernel that reads about the floor's bytes yet
 runs well below the DRAM peak is latency- or issue-bound, not short of cache. ``--kernels`` is a regular expression
-on kernel names (default: liger_jax's, which end in ``_fwd`` or ``_bwd``; ``.`` keeps XLA's fusions too); the
-override sets ``liger_jax.ops._tiling.TilingOverride`` fields. ``--out DIR`` keeps each case's raw CSV.
+on kernel names for ncu to profile (default: every kernel, and the table keeps liger_jax's Triton kernels; ``.``
+keeps XLA's too); the override sets ``liger_jax.ops._tiling.TilingOverride`` fields. ``--out DIR`` keeps each case's
+raw CSV.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import os
 import shutil
@@ -42,7 +42,6 @@ METRICS = {
 }
 # ncu reports these in ns and bytes (with thousands separators); the table shows µs and MB.
 SCALES = {"us": 1e-3, "read MB": 1e-6, "write MB": 1e-6}
-LIGER_KERNELS = "_(fwd|bwd)$"
 
 
 def parse_override(text: str | None):
@@ -58,21 +57,30 @@ def parse_override(text: str | None):
     return _tiling.TilingOverride(**settings)
 
 
+def liger_kernel_names() -> set[str]:
+    """The names of liger_jax's Triton functions (compiled or interpreted): a launched kernel keeps its function's
+    name."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    from liger_jax import kernels
+
+    names = set()
+    for module in pkgutil.iter_modules(kernels.__path__):
+        loaded = importlib.import_module(f"{kernels.__name__}.{module.name}")
+        names |= {name for name, value in vars(loaded).items() if isinstance(value, triton.runtime.KernelInterface)}
+    return names
+
+
 def run_case(spec: str, override_text: str | None) -> None:
     """Compiles ``spec``'s (``op:shape``) fwd+bwd program under the override and runs it once."""
-    import jax
-
-    from benchmarks import measure
     from benchmarks.case import parse_shape
-    from benchmarks.cases import build_case
-    from liger_jax.ops import _tiling
+    from benchmarks.kernel_times import warmed_program
 
     op, shape = spec.split(":")
-    step, make, run = measure.timed_program(build_case(op, parse_shape(shape), "bfloat16"), "liger_jax", "full")
-    inputs = measure.columns([make(jax.random.key(0))])
-    override = parse_override(override_text)
-    with _tiling.overridden(override) if override else contextlib.nullcontext():
-        jax.block_until_ready(run(step, inputs, 1))
+    warmed_program(op, parse_shape(shape), parse_override(override_text), calls=1)
 
 
 def counters_table(ncu_csv: str) -> pd.DataFrame:
@@ -99,12 +107,14 @@ def _ncu() -> str:
     return path
 
 
-def profile(spec: str, override_text: str | None, kernels: str) -> str:
-    """``ncu``'s raw CSV for one case, profiled in a child process."""
+def profile(spec: str, override_text: str | None, kernels: str | None) -> str:
+    """``ncu``'s raw CSV for one case, profiled in a child process: the kernels whose names match ``kernels``, or
+    all of them."""
     child = [sys.executable, "-m", "benchmarks.kernel_counters", "--child", spec]
     child += ["--override", override_text] if override_text else []
-    command = [_ncu(), "--kernel-name", f"regex:{kernels}", "--metrics", ",".join(METRICS.values()), "--csv"]
-    done = subprocess.run([*command, "--page", "raw", *child], capture_output=True, text=True)
+    command = [_ncu(), *(["--kernel-name", f"regex:{kernels}"] if kernels else [])]
+    command += ["--metrics", ",".join(METRICS.values()), "--csv", "--page", "raw"]
+    done = subprocess.run([*command, *child], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"ncu failed on {spec}:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -118,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="+", help="OP:SHAPE, e.g. rms_norm:tokens=4096,hidden=32768")
     parser.add_argument("--override", help="TilingOverride fields, e.g. block_d=16384,num_warps=32")
-    parser.add_argument("--kernels", default=LIGER_KERNELS, help="regular expression on kernel names")
+    parser.add_argument("--kernels", help="regular expression on kernel names (default: liger_jax's)")
     parser.add_argument("--out", type=Path, help="folder for each case's raw CSV")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -132,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"case{index}.csv").write_text(csv)
-        tables.append(counters_table(csv).assign(case=spec))
+        table = counters_table(csv)
+        if args.kernels is None:
+            table = table[table["kernel"].isin(liger_kernel_names())]
+        tables.append(table.assign(case=spec))
     table = pd.concat(tables, ignore_index=True).set_index(["case", "kernel"])
     print(table.to_string(float_format=lambda value: f"{value:,.1f}"))
 

@@ -13,27 +13,34 @@ donated as it donates, so no kernel that writes over its cotangent makes XLA cop
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 STEPS = 15
 WARM_UP = 3
 
 
-def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str, float]]]:
-    """``(busy ms, [(kernel, ms)])`` per fwd+bwd step of ``op`` at ``params`` in bf16 under ``override`` (None:
-    the rule)."""
+def warmed_program(op: str, params: dict, override, calls: int) -> tuple[Callable, list, Callable]:
+    """``(step, inputs, run)`` of ``op``'s liger_jax fwd+bwd program at ``params`` in bf16 (``benchmarks.measure.
+    timed_program``'s, on one input set), compiled and called ``calls`` times under ``override`` (None: the rule)."""
     import jax
 
-    from benchmarks import measure, trace_summary
+    from benchmarks import measure, tiling_sweep
     from benchmarks.cases import build_case
-    from liger_jax.ops import _tiling
 
     step, make, run = measure.timed_program(build_case(op, params, "bfloat16"), "liger_jax", "full")
     inputs = measure.columns([make(jax.random.key(0))])
     # ``step`` is a new jit per call, so it is traced afresh, inside the override: the tiling is read then.
-    with _tiling.overridden(override) if override else contextlib.nullcontext():
-        jax.block_until_ready(run(step, inputs, WARM_UP))
+    with tiling_sweep.forced(override):
+        jax.block_until_ready(run(step, inputs, calls))
+    return step, inputs, run
+
+
+def kernel_times(op: str, params: dict, override) -> tuple[float, list[tuple[str, float]]]:
+    """``(busy ms, [(kernel, ms)])`` per fwd+bwd step of ``op`` at ``params`` in bf16 under ``override`` (None:
+    the rule)."""
+    from benchmarks import trace_summary
+
+    step, inputs, run = warmed_program(op, params, override, WARM_UP)
     summary = trace_summary.profiled(lambda: run(step, inputs, 1), STEPS, top=8)
     return summary["device_busy_ms"], [(name, ms) for name, ms, _ in summary["device_top"]]
 

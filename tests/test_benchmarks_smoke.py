@@ -682,3 +682,11 @@ def test_kernel_counters_child_runs_a_case_under_a_parsed_override():
     override = kernel_counters.parse_override("block_d=16,num_warps=2,prefetch=false")
     assert override == _tiling.TilingOverride(block_d=16, num_warps=2, prefetch=False)
     kernel_counters.main(["--child", "softmax:tokens=8,cols=40", "--override", "block_d=16,num_warps=2"])
+
+
+def test_kernel_counters_knows_every_launched_kernel_by_its_function_name():
+    from benchmarks import kernel_counters
+
+    names = kernel_counters.liger_kernel_names()
+    assert {"rms_norm_bwd", "group_norm_split_moments", "cross_entropy_loss_and_grad", "rope"} <= names
+    assert not any("fusion" in name for name in names)
