@@ -9,9 +9,9 @@ replays every matching kernel with the caches flushed; one line per kernel gives
 duration, the DRAM bytes it read and wrote, DRAM throughput as a share of the peak, the L2 hit rate, the warps
 active (occupancy) and the cycles between a warp's instructions. A kernel that reads about the floor's bytes yet
 runs well below the DRAM peak is latency- or issue-bound, not short of cache. ``--kernels`` is a regular expression
-on kernel names for ncu to profile (default: every kernel, and the table keeps liger_jax's Triton kernels; ``.``
-keeps XLA's too); the override sets ``liger_jax.ops._tiling.TilingOverride`` fields. ``--out DIR`` keeps each case's
-raw CSV.
+on kernel names for ncu to profile (default: liger_jax's Triton kernels, by name: profiling every kernel replays XLA's
+autotuning and input draws too, minutes a case; ``.`` profiles everything); the override sets
+``liger_jax.ops._tiling.TilingOverride`` fields. ``--out DIR`` keeps each case's raw CSV.
 """
 
 from __future__ import annotations
@@ -107,12 +107,16 @@ def _ncu() -> str:
     return path
 
 
-def profile(spec: str, override_text: str | None, kernels: str | None) -> str:
-    """``ncu``'s raw CSV for one case, profiled in a child process: the kernels whose names match ``kernels``, or
-    all of them."""
+def liger_kernels_regex() -> str:
+    """A regular expression matching exactly the names of liger_jax's Triton kernels."""
+    return "^(" + "|".join(sorted(liger_kernel_names())) + ")$"
+
+
+def profile(spec: str, override_text: str | None, kernels: str) -> str:
+    """``ncu``'s raw CSV for one case, profiled in a child process: the kernels whose names match ``kernels``."""
     child = [sys.executable, "-m", "benchmarks.kernel_counters", "--child", spec]
     child += ["--override", override_text] if override_text else []
-    command = [_ncu(), *(["--kernel-name", f"regex:{kernels}"] if kernels else [])]
+    command = [_ncu(), "--kernel-name", f"regex:{kernels}"]
     command += ["--metrics", ",".join(METRICS.values()), "--csv", "--page", "raw"]
     done = subprocess.run([*command, *child], capture_output=True, text=True)
     if done.returncode != 0:
@@ -138,14 +142,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     tables = []
     for index, spec in enumerate(args.cases):
-        csv = profile(spec, args.override, args.kernels)
+        csv = profile(spec, args.override, args.kernels or liger_kernels_regex())
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"case{index}.csv").write_text(csv)
-        table = counters_table(csv)
-        if args.kernels is None:
-            table = table[table["kernel"].isin(liger_kernel_names())]
-        tables.append(table.assign(case=spec))
+        tables.append(counters_table(csv).assign(case=spec))
     table = pd.concat(tables, ignore_index=True).set_index(["case", "kernel"])
     print(table.to_string(float_format=lambda value: f"{value:,.1f}"))
 

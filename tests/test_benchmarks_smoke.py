@@ -2,6 +2,7 @@
 
 import argparse
 import functools
+import re
 
 import pytest
 
@@ -690,3 +691,6 @@ def test_kernel_counters_knows_every_launched_kernel_by_its_function_name():
     names = kernel_counters.liger_kernel_names()
     assert {"rms_norm_bwd", "group_norm_split_moments", "cross_entropy_loss_and_grad", "rope"} <= names
     assert not any("fusion" in name for name in names)
+    pattern = re.compile(kernel_counters.liger_kernels_regex())
+    assert pattern.match("rms_norm_bwd") and pattern.match("rope")
+    assert not pattern.match("rms_norm_bwd_1") and not pattern.match("loop_add_fusion")

@@ -193,10 +193,15 @@ def fused_add_rms_norm_fwd(
 
 
 @triton.jit
+def _g_normed(dy, x, rstd, scale):
+    """g · n of each element of a tile in fp32, with g = dy · scale and n = x · rstd (dy and x as loaded)."""
+    return dy.to(tl.float32) * scale[None, :] * (x.to(tl.float32) * rstd[:, None])
+
+
+@triton.jit
 def _sum_g_normed(dy, x, rstd, scale):
-    """Σ g · n over each row of a tile in fp32, with g = dy · scale and n = x · rstd (dy and x as loaded)."""
-    normed = x.to(tl.float32) * rstd[:, None]
-    return tl.sum(dy.to(tl.float32) * scale[None, :] * normed, axis=1)
+    """Σ g · n over each row of a tile in fp32 (see ``_g_normed``)."""
+    return tl.sum(_g_normed(dy, x, rstd, scale), axis=1)
 
 
 @triton.jit
@@ -326,13 +331,14 @@ def _backward_in_column_blocks(
     for tile_index in range(TILES_PER_PROGRAM):
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        # Summed across the warps once a row, not once a block: no barrier holds a warp back from its next loads.
+        gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
         for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
             dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-            sum_gn += _sum_g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
-        mean_gn = sum_gn / n_cols
+            gn += _g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
+        mean_gn = tl.sum(gn, axis=1) / n_cols
         for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
