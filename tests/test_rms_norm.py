@@ -157,8 +157,8 @@ def test_row_tiling_keeps_a_row_in_one_tile_up_to_the_limit_then_walks_column_bl
     if n_cols <= limit:
         assert n_cols <= tiling.block_d < 2 * n_cols
     else:
-        assert tiling.block_d == (_tiling.COLUMN_BLOCK if reduces_rows else _tiling.FORWARD_COLUMN_BLOCK)
-        assert tiling.num_warps == tiling.block_d // _tiling.COLUMN_ELEMENTS_PER_WARP
+        assert tiling.block_d == (_tiling.COLUMN_BLOCK if reduces_rows else _tiling.MAX_FORWARD_TILE_COLS)
+        assert tiling.num_warps == min(_tiling.MAX_WARPS, tiling.block_d // _tiling.COLUMN_ELEMENTS_PER_WARP)
         assert not tiling.prefetch, "column blocks are never prefetched"
     assert 4 <= tiling.num_warps <= _tiling.MAX_WARPS
     one_tile = n_cols <= tiling.block_d

@@ -23,7 +23,8 @@ TILE_ELEMENTS = 4096
 ROW_TILE_ELEMENTS = 2048
 MAX_BLOCK_ROWS = 64
 # The longest row a forward norm kernel keeps in one tile, in registers: at 32768 columns and 32 warps the three
-# forward kernels use at most 64 registers per thread and spill nothing; at 65536 every warp count spills.
+# forward kernels use at most 64 registers per thread and spill nothing; at 65536 every warp count spills. Longer
+# rows are walked in blocks of this width (see COLUMN_BLOCK).
 MAX_FORWARD_TILE_COLS = 32768
 # The same for the backward kernels, which also hold fp32 rows of the program's dscale (and dbias) and, without
 # prefetching, load the tile and scale again after the row sums rather than hold them (kernels._rows.
@@ -32,17 +33,21 @@ MAX_FORWARD_TILE_COLS = 32768
 # tile, 108-408 at 8-32 warps. Spills go to L1: Liger's 16-warp torch kernel runs at 95% of the HBM floor there,
 # against 10% for an 8-warp kernel that prefetches and spills 4 KB. At 32768 columns, 260-904 bytes.
 MAX_BACKWARD_TILE_COLS = 16384
-# Longer rows are walked in blocks of this many columns, 16 columns per thread (COLUMN_ELEMENTS_PER_WARP). The
-# backward's, measured on the H200 (4096 × 32768 bf16 fwd+bwd, benchmarks.norm_tiling; the partial sums in
-# registers): RMSNorm 0.611 ms (1.06x XLA) against 0.755 ms with 4096-column blocks, fused add+RMSNorm 0.735 ms
-# (1.48x XLA, 86% of its floor) against 0.994 ms. On an H100 (2026-12-06, 4096 rows, bf16), 16384-column blocks at 32
-# warps lost there (RMSNorm's backward 0.419 ms against 0.382 at 32768, LayerNorm's 1.209 against 0.542), and so did
-# the partial sums kept in memory rather than in registers (0.613-0.807 ms against 0.389). A forward holds no
-# partials: at 65536 columns its 16384-column blocks at 32 warps took 0.469-0.478 ms for RMSNorm against 0.499-0.507
-# in 8192-column blocks, LayerNorm 0.468-0.474 against 0.525-0.531, fused add+RMSNorm 0.937-0.946 against 1.011-1.023
-# (three runs).
+# Longer rows are walked in column blocks: a backward's of this many columns, 16 columns per thread
+# (COLUMN_ELEMENTS_PER_WARP), a forward's of MAX_FORWARD_TILE_COLS at MAX_WARPS. The backward's, measured on the H200
+# (4096 × 32768 bf16 fwd+bwd, benchmarks.norm_tiling; the partial sums in registers): RMSNorm 0.611 ms (1.06x XLA)
+# against 0.755 ms with 4096-column blocks, fused add+RMSNorm 0.735 ms (1.48x XLA, 86% of its floor) against 0.994
+# ms. On an H100 (2026-12-06, 4096 rows, bf16), 16384-column blocks at 32 warps lost there (RMSNorm's backward 0.419
+# ms against 0.382 at 32768, LayerNorm's 1.209 against 0.542), and so did the partial sums kept in memory rather than
+# in registers (0.613-0.807 ms against 0.389). A forward holds no partials, and its widest blocks read the row back
+# from L2: at 32768 columns a program takes 46-64 registers a thread, so one fills a multiprocessor, and the rows in
+# flight (132 × 128 KB at 65536 columns) stay in L2 for the second pass, where two programs of 16384-column blocks
+# a multiprocessor (32 registers) read 842 MB from HBM for RMSNorm's 537 (ncu). Forward ms on an H100 (4096 rows,
+# bf16, two runs), 32768-column blocks against 16384: at 65536 columns RMSNorm 0.401 against 0.473 (8192 columns at
+# 16 warps: 0.499-0.507), LayerNorm 0.421-0.427 against 0.465, fused add+RMSNorm 0.909-0.912 against 0.941-0.944;
+# at 131072 0.950 against 1.028, 0.981-0.984 against 1.101, 2.014-2.017 against 2.051-2.056; softmax, sparsemax and
+# DyT (16384 × 65536) within 0.5%.
 COLUMN_BLOCK = 8192
-FORWARD_COLUMN_BLOCK = 16384
 COLUMN_ELEMENTS_PER_WARP = 512
 # Tiles up to this size keep the warp counts measured on the H200 (see row_tiling); wider ones get 32 elements of a
 # row per thread (Liger's 16 warps at 16384 columns, 32 at 32768): the forward kernels fit that without spilling.
@@ -172,7 +177,7 @@ def row_tiling(
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
-    column_block = COLUMN_BLOCK if reduces_rows else FORWARD_COLUMN_BLOCK
+    column_block = COLUMN_BLOCK if reduces_rows else MAX_FORWARD_TILE_COLS
     block_d = override.block_d or (next_power_of_2(n_cols) if n_cols <= max_tile_cols else column_block)
     block_d = min(block_d, next_power_of_2(n_cols))
     one_tile = block_d >= n_cols
