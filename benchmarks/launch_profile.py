@@ -89,7 +89,11 @@ JOBS: tuple[Job, ...] = (
         "small",
         "model",
         "ffi",
-        _model("small", ["flax", "liger", "liger triton", "rope triton", "liger xla"], trace=("flax", "rope triton")),
+        _model(
+            "small",
+            ["flax", "liger", "liger-fused_add", "liger triton", "rope triton", "liger xla"],
+            trace=("flax", "rope triton"),
+        ),
         95,
     ),
     Job("small4-legacy", "model", "legacy", _model("small", ["flax", "rope triton"], 4, ("rope triton",)), 30),
@@ -97,7 +101,7 @@ JOBS: tuple[Job, ...] = (
     Job("crossover", "crossover", "ffi", {}, 50),
     Job("ops", "ops", "ffi", {}, 35),
     Job("small4-ffi", "model", "ffi", _model("small", ["flax", "rope triton"], 4), 25),
-    Job("tiny", "model", "ffi", _model("tiny", ["flax", "liger", "liger triton", "liger xla"]), 30),
+    Job("tiny", "model", "ffi", _model("tiny", ["flax", "liger", "liger-fused_add", "liger triton", "liger xla"]), 35),
     Job(
         "small4-kinds",
         "model",
@@ -115,7 +119,7 @@ JOBS: tuple[Job, ...] = (
     Job("launch-ffi-nocb", "launch", "ffi, no command buffers", {}, 15),
     Job("launch-legacy-nocb", "launch", "legacy, no command buffers", {}, 15),
     Job("small4-ffi-nocb", "model", "ffi, no command buffers", _model("small", ["flax", "rope triton"], 4), 25),
-    Job("mini", "model", "ffi", _model("mini", ["flax", "liger", "liger triton"]), 45),
+    Job("mini", "model", "ffi", _model("mini", ["flax", "liger", "liger-fused_add", "liger triton"]), 55),
     Job("ops-legacy", "ops", "legacy", {}, 35),
     Job(
         "1b",
@@ -343,18 +347,29 @@ def _launch_section(context: _Context) -> dict:
 def _swap(model, variant: str, kernel: str) -> None:
     """Applies a variant's liger swaps to ``model`` in place.
 
-    ``variant`` is ``"flax"`` (none) or ``"<kinds> [implementation]"``: kinds ``liger`` (all) or one of rms_norm,
-    swiglu, rope, flce; implementation ``triton`` (``kernel``, forced), ``xla``, or none for the default.
+    ``variant`` is ``"flax"`` (none) or ``"<kinds> [implementation]"``: kinds ``liger`` (all), ``liger-<kind>``
+    (all but one) or one of rms_norm, fused_add (the Llama layer's fused add+RMSNorm), swiglu, rope, flce;
+    implementation ``triton`` (``kernel``, forced), ``xla``, or none for the default.
     """
     from liger_jax.flax_layers import apply_liger
 
     if variant == "flax":
         return
-    kinds = {"rms_norm": "rms_norm", "swiglu": "swiglu", "rope": "rope", "flce": "fused_linear_cross_entropy"}
+    kinds = {
+        "rms_norm": "rms_norm",
+        "fused_add": "fused_add_rms_norm",
+        "swiglu": "swiglu",
+        "rope": "rope",
+        "flce": "fused_linear_cross_entropy",
+    }
     what, _, implementation = variant.partition(" ")
-    if what not in ("liger", *kinds) or implementation not in ("", "triton", "xla"):
+    left_out = what.removeprefix("liger-") if what.startswith("liger-") else None
+    if (what not in ("liger", *kinds) and left_out not in kinds) or implementation not in ("", "triton", "xla"):
         raise ValueError(f"unknown model variant {variant!r}")
-    switches = {} if what == "liger" else {kind: name == what for name, kind in kinds.items()}
+    if left_out is not None:
+        switches = {kinds[left_out]: False}
+    else:
+        switches = {} if what == "liger" else {kind: name == what for name, kind in kinds.items()}
     apply_liger(model, implementation={"": None, "triton": kernel}.get(implementation, implementation), **switches)
 
 

@@ -142,15 +142,33 @@ def test_swap_counts_and_state():
     assert counts == {
         **dict.fromkeys(KINDS, 0),
         "rms_norm": 2 * SMALL["num_layers"] + 1,
+        "fused_add_rms_norm": SMALL["num_layers"],
         "swiglu": SMALL["num_layers"],
         "rope": SMALL["num_layers"],
         "fused_linear_cross_entropy": 1,
     }
     chex.assert_trees_all_equal(nnx.state(model), nnx.state(plain))
     layer = model.layers[0]
+    assert type(layer) is llama_liger.LigerLlamaDecoderLayer
+    assert type(layer.post_attention_layernorm) is liger_nnx.RMSNorm
     assert type(layer.mlp) is liger_nnx.SwiGLUMLP and layer.mlp.gate_proj is gate_proj
     assert type(layer.self_attn.rotary) is liger_nnx.RotaryEmbedding
     assert type(model.lm_head) is llama_liger.LigerLMHead and model.lm_head.embed is model.embed_tokens
+
+
+def test_layer_fusion_follows_its_own_switch():
+    tokens, labels = _tokens(0), _tokens(1)
+    expected = _loss_and_grads(_model(), tokens, labels)
+    unfused, fused_only = _model(), _model()
+    apply_liger(unfused, fused_add_rms_norm=False, implementation=IMPLEMENTATION)
+    apply_liger(fused_only, rms_norm=False, implementation=IMPLEMENTATION)
+    assert type(unfused.layers[0]) is llama_lib.LlamaDecoderLayer
+    layer = fused_only.layers[0]
+    assert type(layer) is llama_liger.LigerLlamaDecoderLayer and type(layer.input_layernorm) is nnx.RMSNorm
+    assert type(layer.post_attention_layernorm) is liger_nnx.RMSNorm  # the norm it fuses: the kernel's twin
+    for model in (unfused, fused_only):
+        actual = _loss_and_grads(model, tokens, labels)
+        jax.tree.map(lambda a, e: harness.assert_close(a, e, jnp.float32), actual, expected)
 
 
 @pytest.mark.parametrize("tie_embeddings", [True, False])

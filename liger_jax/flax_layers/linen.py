@@ -13,6 +13,7 @@ from liger_jax.flax_layers.tiled_mlp import LinenTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
 from liger_jax.ops.dyt import dyt
+from liger_jax.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_jax.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_jax.ops.fused_linear_distillation import fused_linear_distillation
 from liger_jax.ops.fused_linear_jsd import fused_linear_jsd
@@ -49,22 +50,45 @@ class RMSNorm(nn.RMSNorm):
     @nn.compact
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
         """Normalises ``x [..., D]``; returns the same shape in flax's output dtype."""
-        _options.check_normalization("RMSNorm", self, x.ndim, mask)
-        _options.check_offset("RMSNorm", self.offset, self.use_scale)
+        _options.check_normalization(type(self).__name__, self, x.ndim, mask)
+        scale, out_dtype = self._scale_and_output_dtype(x)
+        return self._normalize(x, scale, out_dtype)
+
+    def _scale_and_output_dtype(self, x: jax.Array) -> tuple[jax.Array, jnp.dtype]:
+        """The ``scale`` param (ones without one) for ``x [..., D]`` and flax's output dtype."""
+        _options.check_offset(type(self).__name__, self.offset, self.use_scale)
         if self.use_scale:
             scale = self.param("scale", self.scale_init, x.shape[-1:], self.param_dtype)
         else:
             scale = jnp.ones(x.shape[-1:], self.param_dtype)
-        out_dtype = dtypes.canonicalize_dtype(x, scale if self.use_scale else None, dtype=self.dtype)
-        y = rms_norm(
-            x.astype(jnp.promote_types(x.dtype, out_dtype)),
-            scale,
-            epsilon=self.epsilon,
-            offset=self.offset,
-            casting_mode=self.casting_mode,
-            implementation=self.implementation,
+        return scale, dtypes.canonicalize_dtype(x, scale if self.use_scale else None, dtype=self.dtype)
+
+    def _kernel_options(self) -> dict:
+        return dict(
+            epsilon=self.epsilon, offset=self.offset, casting_mode=self.casting_mode, implementation=self.implementation
         )
+
+    def _normalize(self, x: jax.Array, scale: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
+        y = rms_norm(x.astype(jnp.promote_types(x.dtype, out_dtype)), scale, **self._kernel_options())
         return y.astype(out_dtype)
+
+
+class FusedAddRMSNorm(RMSNorm):
+    """Liger's ``LigerFusedAddRMSNorm``: :class:`RMSNorm`'s fields and ``scale`` param, called on a block's output
+    and the residual stream, ``y, s = norm(x, residual)`` with ``s = x + residual`` (the next residual, in x's
+    dtype) and ``y = RMSNorm(s)``. Where flax's promotion keeps x's dtype, one kernel computes both
+    (:func:`liger_jax.fused_add_rms_norm`); otherwise the add and the norm, as flax computes them."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """``(y, s)``: y ``x``'s shape in flax's output dtype, s in x's; residual must match x's shape and dtype."""
+        _options.check_normalization(type(self).__name__, self, x.ndim, None)
+        scale, out_dtype = self._scale_and_output_dtype(x)
+        if jnp.promote_types(x.dtype, out_dtype) != x.dtype:
+            total = x + residual
+            return self._normalize(total, scale, out_dtype), total
+        y, total = fused_add_rms_norm(x, residual, scale, **self._kernel_options())
+        return y.astype(out_dtype), total
 
 
 class LayerNorm(nn.LayerNorm):

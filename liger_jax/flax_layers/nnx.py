@@ -11,6 +11,7 @@ from liger_jax.flax_layers.tiled_mlp import NNXTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
 from liger_jax.ops.dyt import dyt
+from liger_jax.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_jax.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_jax.ops.fused_linear_distillation import fused_linear_distillation
 from liger_jax.ops.fused_linear_jsd import fused_linear_jsd
@@ -71,6 +72,38 @@ class RMSNorm(nnx.RMSNorm):
             casting_mode=self.casting_mode,
             implementation=self.implementation,
         )
+
+    def fused_add(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(y, s)``: ``s = x + residual`` in x's dtype (x and residual ``[..., num_features]`` of one dtype) and
+        ``y`` this norm of ``s``. Where flax's promotion keeps x's dtype (``dtype`` unset or x's, params no wider), one
+        kernel computes both (:func:`liger_jax.fused_add_rms_norm`): a pre-norm block's residual add and the norm
+        after it, whose backward adds the cotangent of ``s`` inside the norm's kernel instead of in a pass of its
+        own; otherwise the add and this norm, as flax computes them."""
+        scale = self.scale[...] if self.scale is not None else None
+        if self.promote_dtype((x, scale), dtype=self.dtype)[0].dtype != x.dtype:
+            total = x + residual
+            return RMSNorm.__call__(self, total), total
+        _options.check_normalization(type(self).__name__, self, x.ndim, None)
+        scale = jnp.ones(x.shape[-1:], x.dtype) if scale is None else scale.astype(x.dtype)
+        return fused_add_rms_norm(
+            x,
+            residual,
+            scale,
+            epsilon=self.epsilon,
+            offset=self.offset,
+            casting_mode=self.casting_mode,
+            implementation=self.implementation,
+        )
+
+
+class FusedAddRMSNorm(RMSNorm):
+    """Liger's ``LigerFusedAddRMSNorm``: :class:`RMSNorm`'s arguments and ``scale`` param, called on a block's
+    output and the residual stream, ``y, s = norm(x, residual)`` with ``s = x + residual`` (the next residual) and
+    ``y = RMSNorm(s)`` (see :meth:`RMSNorm.fused_add`)."""
+
+    def __call__(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+        """``(y, s)``, both ``x``'s shape in flax's promoted dtype."""
+        return self.fused_add(x, residual)
 
 
 class LayerNorm(nnx.LayerNorm):

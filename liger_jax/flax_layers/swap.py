@@ -33,6 +33,7 @@ from liger_jax.flax_layers import nnx as liger_nnx
 
 KINDS: tuple[str, ...] = (
     "rms_norm",
+    "fused_add_rms_norm",
     "layer_norm",
     "group_norm",
     "swiglu",
@@ -109,6 +110,14 @@ def _registered(swaps: dict[type, _Swap], cls: type) -> _Swap | None:
     return swaps.get(cls)
 
 
+def swapped_or_none(module: Any, implementation: runtime.Implementation | None, *, kind: str) -> Any | None:
+    """The replacement :func:`apply_liger` would make for the NNX ``module`` if its ``kind`` were on (for a swap that
+    builds on another: a layer fusing its norm), or None where no swap of that kind is registered for its class or
+    the swap declines it."""
+    swap = _registered(_NNX_SWAPS, type(module))
+    return swap.make(module, implementation) if swap is not None and swap.kind == kind else None
+
+
 def _enabled_kinds(implementation: runtime.Implementation | None, *switches: bool) -> frozenset[str]:
     """Validates ``implementation`` (when given) and returns the kinds whose switch is on (``switches`` in
     :data:`KINDS` order)."""
@@ -121,6 +130,7 @@ def apply_liger(
     model: nnx.Module,
     *,
     rms_norm: bool = True,
+    fused_add_rms_norm: bool = True,
     layer_norm: bool = True,
     group_norm: bool = True,
     swiglu: bool = True,
@@ -134,7 +144,8 @@ def apply_liger(
 
     Built in: ``nnx.RMSNorm`` → :class:`liger_jax.flax_layers.nnx.RMSNorm`, ``nnx.LayerNorm`` →
     :class:`liger_jax.flax_layers.nnx.LayerNorm` and ``nnx.GroupNorm`` → :class:`liger_jax.flax_layers.nnx.GroupNorm`;
-    :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU), RoPE and LM head (fused linear cross-entropy);
+    :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU), RoPE, LM head (fused linear cross-entropy) and
+    decoder layer (the residual add before the MLP fused with the RMSNorm after it, ``fused_add_rms_norm``);
     Tunix's Llama3, Qwen2, Qwen3, Gemma, Gemma3 and Gemma4 models get their RMSNorms, gated MLPs and RoPE swapped
     (:mod:`liger_jax.integrations.tunix`, imported on first sight of a Tunix class); :func:`register_swap` adds
     your own classes. Each replacement holds the module's own ``nnx.Param`` objects (nothing is copied), so
@@ -146,8 +157,8 @@ def apply_liger(
 
     Args:
         model: the NNX module whose submodules are swapped (the root itself is not).
-        rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to
-            swap (``custom`` is every registration without one of the other kinds).
+        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom:
+            which kinds to swap (``custom`` is every registration without one of the other kinds).
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Returns:
@@ -161,7 +172,16 @@ def apply_liger(
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
     enabled = _enabled_kinds(
-        implementation, rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+        implementation,
+        rms_norm,
+        fused_add_rms_norm,
+        layer_norm,
+        group_norm,
+        swiglu,
+        geglu,
+        rope,
+        fused_linear_cross_entropy,
+        custom,
     )
     swap = _registered(_NNX_SWAPS, type(model))
     if swap is not None and swap.kind in enabled:
@@ -287,6 +307,7 @@ def _rebuild_nnx(liger_cls: type, module: nnx.Module, **extra: Any) -> nnx.Modul
 def liger_intercept(
     *,
     rms_norm: bool = True,
+    fused_add_rms_norm: bool = True,
     layer_norm: bool = True,
     group_norm: bool = True,
     swiglu: bool = True,
@@ -308,8 +329,8 @@ def liger_intercept(
     (and vice versa): jit a fresh function per mode.
 
     Args:
-        rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom: which kinds to
-            route.
+        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom:
+            which kinds to route.
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Yields:
@@ -317,7 +338,16 @@ def liger_intercept(
         counts once per trace).
     """
     enabled = _enabled_kinds(
-        implementation, rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom
+        implementation,
+        rms_norm,
+        fused_add_rms_norm,
+        layer_norm,
+        group_norm,
+        swiglu,
+        geglu,
+        rope,
+        fused_linear_cross_entropy,
+        custom,
     )
     counts = dict.fromkeys(KINDS, 0)
 

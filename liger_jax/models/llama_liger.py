@@ -5,7 +5,9 @@
   (kind ``"rope"``),
 * :class:`~liger_jax.models.llama.LlamaMLP` by :class:`liger_jax.flax_layers.nnx.SwiGLUMLP` on the same three
   projections (kind ``"swiglu"``),
-* :class:`~liger_jax.models.llama.LMHead` by :class:`LigerLMHead` (kind ``"fused_linear_cross_entropy"``).
+* :class:`~liger_jax.models.llama.LMHead` by :class:`LigerLMHead` (kind ``"fused_linear_cross_entropy"``),
+* :class:`~liger_jax.models.llama.LlamaDecoderLayer` by :class:`LigerLlamaDecoderLayer` (kind
+  ``"fused_add_rms_norm"``).
 
 Each replacement holds the original's submodules and Params and changes only how they are computed.
 """
@@ -17,8 +19,8 @@ from flax import nnx
 
 from liger_jax import runtime
 from liger_jax.flax_layers import nnx as liger_nnx
-from liger_jax.flax_layers.swap import register_swap
-from liger_jax.models.llama import IGNORE_INDEX, LlamaMLP, LMHead, RotaryEmbedding
+from liger_jax.flax_layers.swap import register_swap, swapped_or_none
+from liger_jax.models.llama import IGNORE_INDEX, LlamaDecoderLayer, LlamaMLP, LMHead, RotaryEmbedding
 
 
 class LigerLMHead(LMHead):
@@ -48,6 +50,32 @@ class LigerLMHead(LMHead):
         return fused(head, hidden, labels)
 
 
+class LigerLlamaDecoderLayer(LlamaDecoderLayer):
+    """:class:`LlamaDecoderLayer` whose residual add after the attention and the RMSNorm before the MLP are one
+    kernel (:meth:`liger_jax.flax_layers.nnx.RMSNorm.fused_add`): the add's pass is saved, and the backward adds the
+    residual's cotangent inside the norm's kernel. The same submodules and Params; the same values."""
+
+    def __init__(self, layer: LlamaDecoderLayer, post_attention_layernorm: liger_nnx.RMSNorm):
+        self.input_layernorm = layer.input_layernorm
+        self.self_attn = layer.self_attn
+        self.post_attention_layernorm = post_attention_layernorm
+        self.mlp = layer.mlp
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """``x [B, S, H]`` → ``[B, S, H]``, as :meth:`LlamaDecoderLayer.__call__`."""
+        attention = self.self_attn(self.input_layernorm(x), positions)
+        normed, x = self.post_attention_layernorm.fused_add(attention, x)
+        return x + self.mlp(normed)
+
+
+def _layer(module: LlamaDecoderLayer, implementation):
+    # The norm is liger's already where the rms_norm swap is on (children are swapped first); else its twin.
+    norm = module.post_attention_layernorm
+    if not isinstance(norm, liger_nnx.RMSNorm):
+        norm = swapped_or_none(norm, implementation, kind="rms_norm")
+    return LigerLlamaDecoderLayer(module, norm) if isinstance(norm, liger_nnx.RMSNorm) else None
+
+
 def _rope(module: RotaryEmbedding, implementation):
     return liger_nnx.RotaryEmbedding(module.head_dim, base=module.base, implementation=implementation)
 
@@ -71,3 +99,4 @@ def _head(module: LMHead, implementation):
 register_swap(RotaryEmbedding, _rope, kind="rope")
 register_swap(LlamaMLP, _mlp, kind="swiglu")
 register_swap(LMHead, _head, kind="fused_linear_cross_entropy")
+register_swap(LlamaDecoderLayer, _layer, kind="fused_add_rms_norm")
