@@ -64,13 +64,11 @@ class RMSNorm(nnx.RMSNorm):
         x, scale = self.promote_dtype((x, scale), dtype=self.dtype)
         if scale is None:
             scale = jnp.ones(x.shape[-1:], x.dtype)
-        return rms_norm(
-            x,
-            scale,
-            epsilon=self.epsilon,
-            offset=self.offset,
-            casting_mode=self.casting_mode,
-            implementation=self.implementation,
+        return rms_norm(x, scale, **self._kernel_options())
+
+    def _kernel_options(self) -> dict:
+        return dict(
+            epsilon=self.epsilon, offset=self.offset, casting_mode=self.casting_mode, implementation=self.implementation
         )
 
     def fused_add(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -85,15 +83,7 @@ class RMSNorm(nnx.RMSNorm):
             return RMSNorm.__call__(self, total), total
         _options.check_normalization(type(self).__name__, self, x.ndim, None)
         scale = jnp.ones(x.shape[-1:], x.dtype) if scale is None else scale.astype(x.dtype)
-        return fused_add_rms_norm(
-            x,
-            residual,
-            scale,
-            epsilon=self.epsilon,
-            offset=self.offset,
-            casting_mode=self.casting_mode,
-            implementation=self.implementation,
-        )
+        return fused_add_rms_norm(x, residual, scale, **self._kernel_options())
 
 
 class FusedAddRMSNorm(RMSNorm):

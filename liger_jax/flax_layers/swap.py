@@ -118,12 +118,12 @@ def swapped_or_none(module: Any, implementation: runtime.Implementation | None, 
     return swap.make(module, implementation) if swap is not None and swap.kind == kind else None
 
 
-def _enabled_kinds(implementation: runtime.Implementation | None, *switches: bool) -> frozenset[str]:
-    """Validates ``implementation`` (when given) and returns the kinds whose switch is on (``switches`` in
-    :data:`KINDS` order)."""
+def _enabled_kinds(implementation: runtime.Implementation | None, switches: dict[str, Any]) -> frozenset[str]:
+    """Validates ``implementation`` (when given) and returns the kinds whose switch is on in ``switches`` (the
+    caller's arguments, one per kind in :data:`KINDS`)."""
     if implementation is not None:
         runtime.resolve_implementation(implementation)
-    return frozenset(kind for kind, on in zip(KINDS, switches, strict=True) if on)
+    return frozenset(kind for kind in KINDS if switches[kind])
 
 
 def apply_liger(
@@ -171,18 +171,7 @@ def apply_liger(
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model must be a flax.nnx.Module, got {type(model).__name__}")
-    enabled = _enabled_kinds(
-        implementation,
-        rms_norm,
-        fused_add_rms_norm,
-        layer_norm,
-        group_norm,
-        swiglu,
-        geglu,
-        rope,
-        fused_linear_cross_entropy,
-        custom,
-    )
+    enabled = _enabled_kinds(implementation, locals())
     swap = _registered(_NNX_SWAPS, type(model))
     if swap is not None and swap.kind in enabled:
         raise ValueError(
@@ -337,18 +326,7 @@ def liger_intercept(
         ``{kind: number of intercepted calls}``, counted as modules are traced (a call inside a jitted function
         counts once per trace).
     """
-    enabled = _enabled_kinds(
-        implementation,
-        rms_norm,
-        fused_add_rms_norm,
-        layer_norm,
-        group_norm,
-        swiglu,
-        geglu,
-        rope,
-        fused_linear_cross_entropy,
-        custom,
-    )
+    enabled = _enabled_kinds(implementation, locals())
     counts = dict.fromkeys(KINDS, 0)
 
     def interceptor(next_fun, args, kwargs, context):
