@@ -82,6 +82,19 @@ def test_rows_whose_support_iteration_takes_several_steps(implementation):
     harness.assert_close(dx, activation_oracles.sparsemax_pullback(x64, np.asarray(dy, np.float64)), jnp.float32)
 
 
+@pytest.mark.parametrize("tiling", [None, *harness.FORCED_TILINGS])
+@pytest.mark.parametrize("shift", [-40.0, 40.0])
+def test_shifting_a_row_leaves_its_sparsemax(tiling, shift):
+    # y(x + c) = y(x): the threshold moves with the row. Far from 0 (τ* near ±40), a first τ that is not a lower bound
+    # of the solution (a set's size or sum dropped or negated) gives another support.
+    x = harness.random_normal(10, harness.FORCED_TILING_SHAPE, jnp.float32, scale=0.5)
+    override = harness.FORCED_TILINGS[tiling] if tiling else _tiling.TilingOverride()
+    with _tiling.overridden(override):
+        shifted = jax.jit(_sparsemax(harness.KERNEL_IMPLEMENTATION))(x + shift)
+    expected = activation_oracles.sparsemax(np.asarray(x, np.float64))
+    np.testing.assert_allclose(np.asarray(shifted, np.float64), expected, atol=2e-5)  # fp32 ulp at 40: 3.8e-6
+
+
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_finite_differences(implementation):
     # Steps far smaller than every entry's distance from τ, so no step crosses the support's edge.

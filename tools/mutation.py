@@ -199,15 +199,17 @@ _ROW_MAP_EXTRA_BLOCK = (
 _SIGN_CODES_LOAD = (
     "codes = tl.load(codes_ptr + row * n_bytes + byte_cols, mask=byte_cols < n_bytes, other=0).to(tl.int32)"
 )
-_SPARSEMAX_FIRST_TAU = "tau = tl.max(x, axis=1) - 1.0"
+_SPARSEMAX_WIDE_SET = "wide = x > (row_max - 1.0)[:, None]"
+_SPARSEMAX_NARROW_SET = "narrow = x > (row_max - 0.5)[:, None]"
 _SPARSEMAX_FIRST_SETTLED_TEST = "shrinking = _any_shrank(count, count + 1.0, smallest <= tau)"
 _SETTLED_SOONER = (
     "only decides whether the pass that found a row's final support also proves it final: without the proof the row "
     "iterates until its support stops shrinking (the loop's other test), one pass more, to the same τ"
 )
 _START_BELOW_TAU = (
-    "the support iteration's start: Michelot's steps from any τ below the solution (max(x) - 1 is one, the largest "
-    "output being at most 1; -inf starts from the whole row) rise to the same τ"
+    "the support iteration's start: any nonempty set T of a row's entries gives a τ below the solution, "
+    "(Σ_T x - 1) / |T| (an empty one -inf, the larger or smaller of two such τ another), and Michelot's steps from "
+    "any τ below the solution rise to the same τ"
 )
 _ONE_PLANE = (
     "with one table plane (SECTION_T = ROTARY_DIM / 2) every pair a load keeps lies below SECTION_T: the plane "
@@ -478,12 +480,26 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
                 "(tl.minimum(row_max, tl.max(x, axis=1)))",
             ),
             ("return tl.maximum(row_max, tl.max(x, axis=1)), unused", "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            (_SPARSEMAX_FIRST_TAU, "tl.max(x, axis=1)", "(tl.min(x, axis=1))"),
-            (_SPARSEMAX_FIRST_TAU, "1.0", "(2.0)"),
             (
-                "x_ptr, rows, zeros, empty, row_max - 1.0, n_rows, n_cols, row_stride, BLOCK_D, _add_support",
-                "1.0",
-                "(2.0)",
+                "wide_count, wide_total, narrow_count, narrow_total = _start_sets(x, tl.max(x, axis=1))",
+                "tl.max(x, axis=1)",
+                "(tl.min(x, axis=1))",
+            ),
+            *(
+                (context, f"x > (row_max - {width})[:, None]", f"(x >= (row_max - {width})[:, None])")
+                for context, width in ((_SPARSEMAX_WIDE_SET, "1.0"), (_SPARSEMAX_NARROW_SET, "0.5"))
+            ),
+            *(
+                (context, f"row_max - {width}", replacement)
+                for context, width in ((_SPARSEMAX_WIDE_SET, "1.0"), (_SPARSEMAX_NARROW_SET, "0.5"))
+                for replacement in (f"(row_max + {width})", "(row_max)")
+            ),
+            (_SPARSEMAX_WIDE_SET, "1.0", "(2.0)"),
+            (_SPARSEMAX_NARROW_SET, "0.5", "(1.0)"),
+            (
+                "return tl.maximum(_threshold(wide_count, wide_total), _threshold(narrow_count, narrow_total))",
+                "tl.maximum(_threshold(wide_count, wide_total), _threshold(narrow_count, narrow_total))",
+                "(tl.minimum(_threshold(wide_count, wide_total), _threshold(narrow_count, narrow_total)))",
             ),
         ]
     },
