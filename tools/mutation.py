@@ -552,6 +552,19 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "0.0",
         "(1.0)",
     ): _UNREAD_ARGUMENT,
+    **{
+        (_SPARSEMAX, "tau = _solution(first_tau, x, x, 0, 0, 0, 0, 1, _tile_support)", original, replacement): (
+            "a one-tile row's support is taken in registers: _tile_support never reads the row pointers, sizes, "
+            "strides or column block it is passed (the support functions' common signature)"
+        )
+        for original, replacement in (("0", "(1)"), ("1", "(2)"))
+    },
+    (
+        _SPARSEMAX,
+        "tau = _solution(first_tau, 0.0, x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_D, _column_block_support)",
+        "0.0",
+        "(1.0)",
+    ): "a column-block row's support is read from memory: _column_block_support never reads the tile it is passed",
     (_SPARSEMAX, "return _projection(x, tau, 0.0)", "0.0", "(1.0)"): (
         "the projection never reads its third argument (the output signature of the row maps' column-block walk)"
     ),

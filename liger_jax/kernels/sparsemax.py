@@ -114,18 +114,45 @@ def _projection(x, tau, unused):
 
 
 @triton.jit
-def _one_tile_projection(x):
-    """y = max(x - τ, 0) of the fp32 tile ``x`` of whole rows, τ found by the support iteration in registers."""
-    wide_count, wide_total, narrow_count, narrow_total = _start_sets(x, tl.max(x, axis=1))
-    tau = _start(wide_count, wide_total, narrow_count, narrow_total)
-    count, total, smallest = _support(x, tau)
+def _tile_support(x, x_ptr, rows, n_rows, n_cols, row_stride, tau, BLOCK_D: tl.constexpr):
+    """:func:`_support` of the fp32 tile ``x`` of whole rows, in registers (the row pointers unused)."""
+    return _support(x, tau)
+
+
+@triton.jit
+def _column_block_support(x, x_ptr, rows, n_rows, n_cols, row_stride, tau, BLOCK_D: tl.constexpr):
+    """:func:`_support` of ``rows`` of x in memory, walked in column blocks (the tile ``x`` unused)."""
+    zeros = tl.zeros_like(tau)
+    empty = tl.join(zeros, zeros + float("inf"))
+    count, total_and_smallest = fold_logit_blocks(
+        x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
+    )
+    total, smallest = tl.split(total_and_smallest)
+    return count, total, smallest
+
+
+@triton.jit
+def _solution(first_tau, x, x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr, support: tl.constexpr):
+    """τ of each row by the support iteration from ``first_tau`` (below the solution), each pass's support taken
+    by ``support`` (:func:`_tile_support` or :func:`_column_block_support`); each pass proves or not that its
+    support settled."""
+    count, total, smallest = support(x, x_ptr, rows, n_rows, n_cols, row_stride, first_tau, BLOCK_D)
     tau = _threshold(count, total)
     shrinking = _any_shrank(count, count + 1.0, smallest <= tau)
     while shrinking:
-        new_count, total, smallest = _support(x, tau)
+        new_count, total, smallest = support(x, x_ptr, rows, n_rows, n_cols, row_stride, tau, BLOCK_D)
         tau = _threshold(new_count, total)
         shrinking = _any_shrank(new_count, count, smallest <= tau)
         count = new_count
+    return tau
+
+
+@triton.jit
+def _one_tile_projection(x):
+    """y = max(x - τ, 0) of the fp32 tile ``x`` of whole rows, τ found by the support iteration in registers."""
+    wide_count, wide_total, narrow_count, narrow_total = _start_sets(x, tl.max(x, axis=1))
+    first_tau = _start(wide_count, wide_total, narrow_count, narrow_total)
+    tau = _solution(first_tau, x, x, 0, 0, 0, 0, 1, _tile_support)
     return _projection(x, tau, 0.0)
 
 
@@ -134,7 +161,7 @@ def _store_column_block_projection(
     x_ptr, y_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr
 ):
     """Stores y = max(x - τ, 0) of ``rows``, each walked in column blocks: a pass for the max, one for the first τ,
-    one per support iteration (each proving or not that its support settled), one for y."""
+    one per support iteration, one for y."""
     zeros = tl.zeros((BLOCK_ROWS,), tl.float32)
     row_max = tl.full((BLOCK_ROWS,), float("-inf"), tl.float32)
     row_max, _ = fold_logit_blocks(x_ptr, rows, row_max, zeros, 0.0, n_rows, n_cols, row_stride, BLOCK_D, _add_max)
@@ -144,22 +171,8 @@ def _store_column_block_projection(
     )
     wide_count, narrow_count = tl.split(counts)
     wide_total, narrow_total = tl.split(totals)
-    empty = tl.join(zeros, zeros + float("inf"))
-    count, total_and_smallest = fold_logit_blocks(
-        x_ptr, rows, zeros, empty, _start(wide_count, wide_total, narrow_count, narrow_total), n_rows, n_cols,
-        row_stride, BLOCK_D, _add_support,
-    )  # fmt: skip
-    total, smallest = tl.split(total_and_smallest)
-    tau = _threshold(count, total)
-    shrinking = _any_shrank(count, count + 1.0, smallest <= tau)
-    while shrinking:
-        new_count, total_and_smallest = fold_logit_blocks(
-            x_ptr, rows, zeros, empty, tau, n_rows, n_cols, row_stride, BLOCK_D, _add_support
-        )
-        total, smallest = tl.split(total_and_smallest)
-        tau = _threshold(new_count, total)
-        shrinking = _any_shrank(new_count, count, smallest <= tau)
-        count = new_count
+    first_tau = _start(wide_count, wide_total, narrow_count, narrow_total)
+    tau = _solution(first_tau, 0.0, x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_D, _column_block_support)
     store_logit_blocks(x_ptr, y_ptr, rows, tau, zeros, n_rows, n_cols, row_stride, BLOCK_D, _projection)
 
 
