@@ -6,6 +6,7 @@ Every op takes ``implementation=`` ("triton", "interpret" or "xla"; None picks t
 
 from liger_jax.ops.cross_entropy import cross_entropy, cross_entropy_reference
 from liger_jax.ops.dyt import dyt, dyt_reference
+from liger_jax.ops.embedding import embedding, embedding_reference
 from liger_jax.ops.fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_reference
 from liger_jax.ops.fused_linear_cross_entropy import (
     fused_linear_cross_entropy,
@@ -57,6 +58,8 @@ __all__ = [
     "default_implementation",
     "dyt",
     "dyt_reference",
+    "embedding",
+    "embedding_reference",
     "fused_add_rms_norm",
     "fused_add_rms_norm_reference",
     "fused_linear_cross_entropy",

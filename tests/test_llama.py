@@ -146,6 +146,7 @@ def test_swap_counts_and_state():
         "swiglu": SMALL["num_layers"],
         "rope": SMALL["num_layers"],
         "fused_linear_cross_entropy": 1,
+        "embedding": 1,
     }
     chex.assert_trees_all_equal(nnx.state(model), nnx.state(plain))
     layer = model.layers[0]
@@ -154,6 +155,7 @@ def test_swap_counts_and_state():
     assert type(layer.mlp) is liger_nnx.SwiGLUMLP and layer.mlp.gate_proj is gate_proj
     assert type(layer.self_attn.rotary) is liger_nnx.RotaryEmbedding
     assert type(model.lm_head) is llama_liger.LigerLMHead and model.lm_head.embed is model.embed_tokens
+    assert type(model.embed_tokens) is liger_nnx.Embed
 
 
 def test_layer_fusion_follows_its_own_switch():

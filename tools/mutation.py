@@ -119,6 +119,9 @@ TARGETS: dict[str, Target] = {
     # The backward rules of the ops added since the first targets.
     "liger_jax/ops/_divergence_rows.py": Target(("_reduced_loss_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/kl_div.py": Target(("_kl_div_bwd",), _DIVERGENCE_TESTS),
+    "liger_jax/ops/embedding.py": Target(
+        ("embedding", "_check_ids", "_embedding", "_embedding_fwd", "_embedding_bwd"), ("tests/test_embedding.py",)
+    ),
     "liger_jax/ops/fused_linear_cross_entropy.py": Target(
         ("_fused_linear_cross_entropy_bwd",), ("tests/test_fused_linear_cross_entropy.py", *_NOT_XLA)
     ),

@@ -10,6 +10,7 @@ from benchmarks.cases import (
     activations,
     distillation,
     divergences,
+    embedding,
     glu,
     losses,
     norm_family,
@@ -27,6 +28,7 @@ SUITE_ORDER = (
     "apply_rotary_pos_emb",
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "embedding",
     "layer_norm",
     "fused_add_rms_norm",
     "geglu",
@@ -68,6 +70,7 @@ _ALL = {
         *divergences.OPS,
         *distillation.OPS,
         *tiled_mlp.OPS,
+        *embedding.OPS,
         *score_attention.OPS,
     )
 }

@@ -13,6 +13,7 @@ from liger_jax.flax_layers.tiled_mlp import LinenTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
 from liger_jax.ops.dyt import dyt
+from liger_jax.ops.embedding import embedding
 from liger_jax.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_jax.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_jax.ops.fused_linear_distillation import fused_linear_distillation
@@ -32,6 +33,30 @@ from liger_jax.ops.rope import apply_rotary_pos_emb, rope_cos_sin
 from liger_jax.ops.softmax import softmax
 from liger_jax.ops.sparsemax import sparsemax
 from liger_jax.ops.tvd import tvd
+
+
+class Embed(nn.Embed):
+    """``flax.linen.Embed`` whose lookup is :func:`liger_jax.embedding`: same fields, same ``embedding`` param.
+
+    Takes every ``nn.Embed`` field, plus ``implementation``. The rows are gathered from the table as stored and
+    cast to ``dtype`` after, and their gradient is summed in fp32 (no ``[V, H]`` cast of the table, no bfloat16
+    scatter-add); values are flax's. ``attend`` is flax's.
+    """
+
+    implementation: runtime.Implementation | None = None
+
+    def setup(self):
+        # Run in the scope of the nn.Embed it stands in for (liger_intercept), whose setup made the param already.
+        if self.has_variable("params", "embedding"):
+            self.embedding = self.get_variable("params", "embedding")
+        else:
+            super().setup()
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        """``inputs`` (integers, any shape) → ``inputs.shape + (features,)`` in ``dtype`` (None: the param's)."""
+        if self.num_embeddings == 1:
+            return super().__call__(inputs)
+        return embedding(self.embedding, inputs, dtype=self.dtype, implementation=self.implementation)
 
 
 class RMSNorm(nn.RMSNorm):

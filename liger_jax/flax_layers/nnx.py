@@ -11,6 +11,7 @@ from liger_jax.flax_layers.tiled_mlp import NNXTiledMLP
 from liger_jax.ops import _checks
 from liger_jax.ops.cross_entropy import Reduction, cross_entropy
 from liger_jax.ops.dyt import dyt
+from liger_jax.ops.embedding import embedding
 from liger_jax.ops.fused_add_rms_norm import fused_add_rms_norm
 from liger_jax.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from liger_jax.ops.fused_linear_distillation import fused_linear_distillation
@@ -30,6 +31,38 @@ from liger_jax.ops.rope import apply_rotary_pos_emb, rope_cos_sin
 from liger_jax.ops.softmax import softmax
 from liger_jax.ops.sparsemax import sparsemax
 from liger_jax.ops.tvd import tvd
+
+
+class Embed(nnx.Embed):
+    """``flax.nnx.Embed`` whose lookup is :func:`liger_jax.embedding`: same arguments, same ``embedding`` param.
+
+    Takes every ``nnx.Embed`` argument, plus ``implementation``. The rows are gathered from the table as stored
+    and cast to ``dtype`` after, and their gradient is summed in fp32 (no ``[V, H]`` cast of the table, no
+    bfloat16 scatter-add); values are flax's. ``attend`` is flax's.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        features: int,
+        *,
+        implementation: runtime.Implementation | None = None,
+        **flax_options,
+    ):
+        super().__init__(num_embeddings, features, **flax_options)
+        self.implementation = implementation
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        """``inputs`` (integers, any shape) → ``inputs.shape + (features,)`` in ``dtype`` (None: the param's)."""
+        if self.num_embeddings == 1:
+            return super().__call__(inputs, out_sharding)
+
+        def lookup(table, ids):
+            return embedding(table, ids, dtype=self.dtype, implementation=self.implementation)
+
+        if out_sharding is not None:
+            lookup = jax.sharding.auto_axes(lookup, out_sharding=out_sharding)
+        return lookup(self.embedding[...], inputs)
 
 
 class RMSNorm(nnx.RMSNorm):

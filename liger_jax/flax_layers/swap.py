@@ -40,6 +40,7 @@ KINDS: tuple[str, ...] = (
     "geglu",
     "rope",
     "fused_linear_cross_entropy",
+    "embedding",
     "custom",
 )
 
@@ -137,13 +138,15 @@ def apply_liger(
     geglu: bool = True,
     rope: bool = True,
     fused_linear_cross_entropy: bool = True,
+    embedding: bool = True,
     custom: bool = True,
     implementation: runtime.Implementation | None = None,
 ) -> dict[str, int]:
     """Replaces, in place, every registered submodule of an NNX ``model`` with its liger-backed twin.
 
     Built in: ``nnx.RMSNorm`` → :class:`liger_jax.flax_layers.nnx.RMSNorm`, ``nnx.LayerNorm`` →
-    :class:`liger_jax.flax_layers.nnx.LayerNorm` and ``nnx.GroupNorm`` → :class:`liger_jax.flax_layers.nnx.GroupNorm`;
+    :class:`liger_jax.flax_layers.nnx.LayerNorm`, ``nnx.GroupNorm`` → :class:`liger_jax.flax_layers.nnx.GroupNorm`
+    and ``nnx.Embed`` → :class:`liger_jax.flax_layers.nnx.Embed` (kind ``embedding``);
     :mod:`liger_jax.models` registers its Llama's MLP (SwiGLU), RoPE, LM head (fused linear cross-entropy) and
     decoder layer (the residual add before the MLP fused with the RMSNorm after it, ``fused_add_rms_norm``);
     Tunix's Llama3, Qwen2, Qwen3, Gemma, Gemma3 and Gemma4 models get their RMSNorms, gated MLPs and RoPE swapped
@@ -157,8 +160,8 @@ def apply_liger(
 
     Args:
         model: the NNX module whose submodules are swapped (the root itself is not).
-        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom:
-            which kinds to swap (``custom`` is every registration without one of the other kinds).
+        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy,
+            embedding, custom: which kinds to swap (``custom`` is every registration without one of the other kinds).
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Returns:
@@ -303,12 +306,13 @@ def liger_intercept(
     geglu: bool = True,
     rope: bool = True,
     fused_linear_cross_entropy: bool = True,
+    embedding: bool = True,
     custom: bool = True,
     implementation: runtime.Implementation | None = None,
 ) -> Iterator[dict[str, int]]:
     """Routes linen modules to the liger_jax kernels while the context is open (``flax.linen.intercept_methods``).
 
-    Calls of ``nn.RMSNorm`` / ``nn.LayerNorm`` / ``nn.GroupNorm`` (and classes registered with
+    Calls of ``nn.RMSNorm`` / ``nn.LayerNorm`` / ``nn.GroupNorm`` / ``nn.Embed`` (and classes registered with
     :func:`register_swap`) run their liger twin bound to the module's own scope: the same param names and tree,
     during ``init`` and ``apply``. The model's code and params are untouched; leave the context and the flax modules
     run again.
@@ -318,8 +322,8 @@ def liger_intercept(
     (and vice versa): jit a fresh function per mode.
 
     Args:
-        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy, custom:
-            which kinds to route.
+        rms_norm, fused_add_rms_norm, layer_norm, group_norm, swiglu, geglu, rope, fused_linear_cross_entropy,
+            embedding, custom: which kinds to route.
         implementation: passed to every replacement ("triton", "interpret", "xla"; None: the default).
 
     Yields:
@@ -364,9 +368,9 @@ def _default_group_axes(module: Any) -> bool:
     )
 
 
-def _nnx_twin(liger_cls: type) -> MakeReplacement:
+def _nnx_twin(liger_cls: type, supported: Callable[[Any], bool] = _last_axis_only) -> MakeReplacement:
     def make(module, implementation):
-        return _rebuild_nnx(liger_cls, module, implementation=implementation) if _last_axis_only(module) else None
+        return _rebuild_nnx(liger_cls, module, implementation=implementation) if supported(module) else None
 
     return make
 
@@ -396,9 +400,17 @@ def _linen_twin(liger_cls: type, supported: Callable[[Any], bool] = _last_axis_o
     return make
 
 
+def _flax_promotion(module: Any) -> bool:
+    """Whether a flax Embed promotes dtypes as flax does by default (a custom ``promote_dtype`` is left alone)."""
+    default = inspect.signature(nnx.Embed.__init__).parameters["promote_dtype"].default
+    return module.promote_dtype in (default, nn.Embed.promote_dtype)
+
+
 register_swap(nnx.RMSNorm, _nnx_twin(liger_nnx.RMSNorm), kind="rms_norm")
 register_swap(nn.RMSNorm, _linen_twin(liger_linen.RMSNorm), kind="rms_norm")
 register_swap(nnx.LayerNorm, _nnx_twin(liger_nnx.LayerNorm), kind="layer_norm")
 register_swap(nn.LayerNorm, _linen_twin(liger_linen.LayerNorm), kind="layer_norm")
 register_swap(nnx.GroupNorm, _nnx_group_norm_twin, kind="group_norm")
 register_swap(nn.GroupNorm, _linen_twin(liger_linen.GroupNorm, _default_group_axes), kind="group_norm")
+register_swap(nnx.Embed, _nnx_twin(liger_nnx.Embed, _flax_promotion), kind="embedding")
+register_swap(nn.Embed, _linen_twin(liger_linen.Embed, _flax_promotion), kind="embedding")
