@@ -120,7 +120,18 @@ TARGETS: dict[str, Target] = {
     "liger_jax/ops/_divergence_rows.py": Target(("_reduced_loss_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/kl_div.py": Target(("_kl_div_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/embedding.py": Target(
-        ("embedding", "_check_ids", "_embedding", "_embedding_fwd", "_embedding_bwd"), ("tests/test_embedding.py",)
+        ("embedding", "_embedding", "_embedding_fwd", "_embedding_bwd"), ("tests/test_embedding.py",)
+    ),
+    "liger_jax/ops/_checks.py": Target(
+        ("concrete_values", "check_values"),
+        (
+            "tests/test_embedding.py",
+            "tests/test_cross_entropy.py",
+            "tests/test_cross_entropy_options.py",
+            "tests/test_fused_linear_logprobs.py",
+            "-k",
+            "bad or invalid or error or raise or reject or check",
+        ),
     ),
     "liger_jax/ops/fused_linear_cross_entropy.py": Target(
         ("_fused_linear_cross_entropy_bwd",), ("tests/test_fused_linear_cross_entropy.py", *_NOT_XLA)

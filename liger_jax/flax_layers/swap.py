@@ -400,10 +400,12 @@ def _linen_twin(liger_cls: type, supported: Callable[[Any], bool] = _last_axis_o
     return make
 
 
+_FLAX_PROMOTIONS = (inspect.signature(nnx.Embed.__init__).parameters["promote_dtype"].default, nn.Embed.promote_dtype)
+
+
 def _flax_promotion(module: Any) -> bool:
     """Whether a flax Embed promotes dtypes as flax does by default (a custom ``promote_dtype`` is left alone)."""
-    default = inspect.signature(nnx.Embed.__init__).parameters["promote_dtype"].default
-    return module.promote_dtype in (default, nn.Embed.promote_dtype)
+    return module.promote_dtype in _FLAX_PROMOTIONS
 
 
 register_swap(nnx.RMSNorm, _nnx_twin(liger_nnx.RMSNorm), kind="rms_norm")

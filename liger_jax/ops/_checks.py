@@ -1,6 +1,6 @@
 """Argument checks shared by the ops; each error names the argument, what it got and what it needs."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -58,3 +58,26 @@ def check_int(name: str, value: object, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return int(value)
+
+
+def concrete_values(array: jax.Array, dtype=None) -> np.ndarray | None:
+    """``array``'s values as a NumPy array (of ``dtype`` when given), or None when ``array`` is traced."""
+    try:
+        return np.asarray(array, dtype)
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
+def check_values(
+    name: str, array: jax.Array, is_bad: Callable[[np.ndarray], np.ndarray], expectation: str, dtype=None
+) -> None:
+    """Raises ValueError when ``is_bad(values)`` marks an element of a concrete ``array``, naming the first one and
+    the count: ``"{name} must {expectation}; got {value} at index {index} ({count} such)"``. A traced array has no
+    values, and passes (each op says what a bad traced value gives)."""
+    values = concrete_values(array, dtype)
+    if values is None:
+        return
+    bad = is_bad(values)
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} must {expectation}; got {values[index]} at index {index} ({int(bad.sum())} such)")

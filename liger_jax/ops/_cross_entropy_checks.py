@@ -72,14 +72,9 @@ def check_class_weight(ce_weight, n_classes: int, implementation: str) -> None:
         return
     _checks.check_floating("ce_weight", ce_weight, implementation)
     _checks.check_shape("ce_weight", ce_weight, (n_classes,), "the number of classes")
-    try:
-        values = np.asarray(ce_weight, np.float64)
-    except jax.errors.TracerArrayConversionError:
-        return  # traced weights have no values to check
-    bad = ~np.isfinite(values) | (values < 0)
-    if bad.any():
-        index = int(np.argwhere(bad)[0, 0])
-        raise ValueError(f"ce_weight must be finite and >= 0, got {values[index]} at class {index}")
+    _checks.check_values(
+        "ce_weight", ce_weight, lambda w: ~np.isfinite(w) | (w < 0), "be finite and >= 0", dtype=np.float64
+    )
 
 
 def check_labels(labels: jax.Array, row_shape: Sequence[int], meaning: str, n_classes: int, ignore_index: int) -> None:
@@ -96,14 +91,9 @@ def check_labels(labels: jax.Array, row_shape: Sequence[int], meaning: str, n_cl
     _checks.check_shape("labels", labels, row_shape, meaning)
     if n_classes < 1:
         raise ValueError(f"there must be at least one class, got a vocabulary of {n_classes}")
-    try:
-        values = np.asarray(labels)
-    except jax.errors.TracerArrayConversionError:
-        return  # traced labels have no values to check
-    bad = (values != ignore_index) & ((values < 0) | (values >= n_classes))
-    if bad.any():
-        index = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"labels must be in [0, {n_classes}) or equal ignore_index={ignore_index}; got {values[index]} at index "
-            f"{index} ({int(bad.sum())} such labels)"
-        )
+    _checks.check_values(
+        "labels",
+        labels,
+        lambda y: (y != ignore_index) & ((y < 0) | (y >= n_classes)),
+        f"be in [0, {n_classes}) or equal ignore_index={ignore_index}",
+    )

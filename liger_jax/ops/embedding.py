@@ -64,25 +64,13 @@ def embedding(
     for name, value in (("dtype", dtype), ("accum_dtype", accum_dtype)):
         if not jnp.issubdtype(jnp.dtype(value), jnp.floating):
             raise TypeError(f"{name} must be a floating dtype, got {value!r}")
-    _check_ids(ids, table.shape[0])
+    n_rows = table.shape[0]
+    _checks.check_values(
+        "ids", ids, lambda i: (i < -n_rows) | (i >= n_rows), f"be in [-{n_rows}, {n_rows}) for a table of {n_rows} rows"
+    )
     if implementation == "xla":
         return embedding_reference(table, ids, dtype=dtype)
     return _embedding(table, ids, dtype, jnp.promote_types(accum_dtype, table.dtype))
-
-
-def _check_ids(ids: jax.Array, n_rows: int) -> None:
-    """Raises ValueError if concrete ``ids`` leave ``[-n_rows, n_rows)`` (traced ids have no values to check)."""
-    try:
-        values = np.asarray(ids)
-    except jax.errors.TracerArrayConversionError:
-        return
-    bad = (values < -n_rows) | (values >= n_rows)
-    if bad.any():
-        index = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"ids must be in [-{n_rows}, {n_rows}) for a table of {n_rows} rows; got {values[index]} at index {index} "
-            f"({int(bad.sum())} such ids)"
-        )
 
 
 def embedding_reference(table: jax.Array, ids: jax.Array, *, dtype=None) -> jax.Array:

@@ -213,10 +213,7 @@ def _token_labels(labels: jax.Array) -> jax.Array:
         return labels
     if not jnp.issubdtype(labels.dtype, jnp.floating):
         raise TypeError(f"labels must be integers or one-hot floats, got {labels.dtype}")
-    try:
-        values = np.asarray(labels)
-    except jax.errors.TracerArrayConversionError:
-        values = None  # traced labels have no values to check
+    values = _checks.concrete_values(labels)
     if values is not None and not (np.isin(values, (0.0, 1.0)).all() and (values.sum(-1) <= 1).all()):
         raise ValueError("labels must be one-hot rows (zero rows for unlabelled positions), got other values")
     labelled = jnp.sum(labels, axis=-1) > 0
