@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import liger_jax
@@ -96,8 +98,9 @@ def test_an_fp32_table_is_never_cast_whole_nor_summed_in_the_compute_dtype():
     assert table_sized_bf16(jax.make_jaxpr(jax.grad(flax_loss))(table).jaxpr), "the check sees flax's casts"
 
 
-def test_jit_vmap_and_checkpoint():
-    table = harness.random_normal(9, (N_ROWS, FEATURES), jnp.float32)
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_jit_vmap_and_checkpoint(table_dtype):
+    table = harness.random_normal(9, (N_ROWS, FEATURES), table_dtype)
     ids = _ids(10, (3, 5))
     batched = jax.jit(jax.vmap(lambda ids: liger_jax.embedding(table, ids, dtype=jnp.bfloat16, implementation=KERNEL)))(
         ids
@@ -110,21 +113,46 @@ def test_jit_vmap_and_checkpoint():
     harness.assert_checkpoint_gives_the_same_gradients(loss, (table,))
 
 
-def test_the_ids_at_either_end_of_the_range_are_rows():
-    table = harness.random_normal(14, (N_ROWS, FEATURES), jnp.float32)
-    rows = liger_jax.embedding(table, jnp.array([-N_ROWS, N_ROWS - 1, -1]), implementation=KERNEL)
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_the_ids_at_either_end_of_the_range_are_rows(table_dtype):
+    table = harness.random_normal(14, (N_ROWS, FEATURES), table_dtype)
+    rows, pullback = jax.vjp(
+        lambda table: liger_jax.embedding(table, jnp.array([-N_ROWS, N_ROWS - 1, -1]), implementation=KERNEL), table
+    )
     np.testing.assert_array_equal(rows, table[jnp.array([0, N_ROWS - 1, N_ROWS - 1])])
+    (grad,) = pullback(jnp.ones_like(rows))
+    expected = (np.eye(N_ROWS)[0] + 2 * np.eye(N_ROWS)[-1]) * FEATURES
+    np.testing.assert_array_equal(np.asarray(grad, np.float32).sum(axis=1), expected)
 
 
-def test_a_traced_id_past_the_end_gives_a_nan_row_and_no_gradient():
-    table = harness.random_normal(11, (N_ROWS, FEATURES), jnp.float32)
-    ids = jnp.array([0, N_ROWS, 2])
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])  # summed in place; summed by id first
+def test_a_traced_id_past_either_end_gives_a_nan_row_and_no_gradient(table_dtype):
+    table = harness.random_normal(11, (N_ROWS, FEATURES), table_dtype)
+    ids = jnp.array([0, N_ROWS, 2, -N_ROWS - 1, -1, 2])
     rows, pullback = jax.vjp(
         jax.jit(lambda table, ids: liger_jax.embedding(table, ids, implementation=KERNEL)), table, ids
     )
-    assert np.isnan(rows[1]).all() and np.isfinite(rows[::2]).all()
+    np.testing.assert_array_equal(np.isnan(np.asarray(rows, np.float32)).all(axis=1), [0, 1, 0, 1, 0, 0])
     (grad, _) = pullback(jnp.ones_like(rows))
-    np.testing.assert_array_equal(grad.sum(axis=1), np.eye(N_ROWS)[0] * FEATURES + np.eye(N_ROWS)[2] * FEATURES)
+    expected = (np.eye(N_ROWS)[0] + 2 * np.eye(N_ROWS)[2] + np.eye(N_ROWS)[-1]) * FEATURES
+    np.testing.assert_array_equal(np.asarray(grad, np.float32).sum(axis=1), expected)
+
+
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_a_table_sharded_on_the_vocabulary_and_ids_on_the_batch_give_the_same_gradient(table_dtype):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "vocab"))  # conftest's 8 devices
+    table = harness.random_normal(15, (40, FEATURES), table_dtype)
+    ids = _ids(16, (4, 6), n_rows=40)
+    cotangent = harness.random_normal(17, (4, 6, FEATURES), table_dtype)
+
+    @jax.jit
+    def gradient(table, ids):
+        _, pullback = jax.vjp(lambda table: liger_jax.embedding(table, ids, implementation=KERNEL), table)
+        return pullback(cotangent)[0]
+
+    placed = (NamedSharding(mesh, P("vocab")), NamedSharding(mesh, P("data")))
+    sharded = gradient(*(jax.device_put(x, where) for x, where in zip((table, ids), placed, strict=True)))
+    harness.assert_close(sharded, gradient(table, ids), table_dtype)
 
 
 @pytest.mark.parametrize(

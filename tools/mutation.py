@@ -120,7 +120,7 @@ TARGETS: dict[str, Target] = {
     "liger_jax/ops/_divergence_rows.py": Target(("_reduced_loss_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/kl_div.py": Target(("_kl_div_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/embedding.py": Target(
-        ("embedding", "_embedding", "_embedding_fwd", "_embedding_bwd"), ("tests/test_embedding.py",)
+        ("embedding", "_embedding", "_embedding_fwd", "_embedding_bwd", "_sums_by_id"), ("tests/test_embedding.py",)
     ),
     "liger_jax/ops/_checks.py": Target(
         ("concrete_values", "check_values"),
@@ -958,6 +958,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "every split of a block merges the same moments into the same mean and rstd, and every forced split test "
         "has a second split to store them"
     ),
+    (
+        "liger_jax/ops/embedding.py",
+        "sums = jax.ops.segment_sum(rows[order].astype(accum_dtype), slot, ids.size, indices_are_sorted=True)",
+        "True",
+        "(False)",
+    ): "indices_are_sorted is a hint to XLA: the same sums either way",
 }
 
 

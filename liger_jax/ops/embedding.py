@@ -27,9 +27,11 @@ def embedding(
     gathered from the table as it is stored and only they are cast, and the gradient is summed in ``accum_dtype``
     (fp32 additions are native atomics) and rounded once to the table's dtype: with fp32 params the step kept
     6.5 ms (the scatter out of its costliest kernels). The gradient is also more exact: a row repeated n times
-    sums n cotangents in fp32 instead of bf16.
+    sums n cotangents in fp32 instead of bf16. A table narrower than ``accum_dtype`` (bf16 params) is not given
+    an ``accum_dtype`` copy: the ids are sorted, each distinct id's rows summed in ``accum_dtype``, and each sum
+    stored once into the table-sized gradient.
 
-    No Triton kernel: the gather and the fp32 scatter-add are the whole computation, and XLA emits both; every
+    No Triton kernel: the gather, the sort and the scatters are the whole computation, and XLA emits them; every
     implementation but ``"xla"`` runs them, and ``"xla"`` runs :func:`embedding_reference` (flax's order), as the
     other ops' ``"xla"`` runs their reference. Indices follow ``jnp.take`` (and flax): a negative id counts from
     the end; a traced id past the end gives a NaN row and no gradient.
@@ -89,9 +91,31 @@ def _embedding_fwd(table, ids, dtype, accum_dtype):
 
 def _embedding_bwd(dtype, accum_dtype, residuals, cotangent):
     table, ids = residuals
-    rows = cotangent.reshape(-1, table.shape[1]).astype(accum_dtype)
-    summed = jnp.zeros(table.shape, accum_dtype).at[ids.reshape(-1)].add(rows, mode="drop")
-    return summed.astype(table.dtype), np.zeros(ids.shape, jax.dtypes.float0)
+    rows, flat_ids = cotangent.reshape(-1, table.shape[1]), ids.reshape(-1)
+    if table.dtype == accum_dtype:
+        grad = jnp.zeros(table.shape, accum_dtype).at[flat_ids].add(rows.astype(accum_dtype), mode="drop")
+    else:
+        distinct, sums = _sums_by_id(rows, flat_ids, table.shape[0], accum_dtype)
+        grad = jnp.zeros(table.shape, table.dtype).at[distinct].set(sums.astype(table.dtype), mode="drop")
+    return grad, np.zeros(ids.shape, jax.dtypes.float0)
+
+
+def _sums_by_id(rows: jax.Array, ids: jax.Array, n_rows: int, accum_dtype) -> tuple[jax.Array, jax.Array]:
+    """The rows ``[N, H]`` of each distinct id of ``ids`` ``[N]`` summed in ``accum_dtype``, so that a table narrower
+    than ``accum_dtype`` takes each sum in one store, and no ``[V, H]`` buffer in ``accum_dtype`` is needed.
+
+    Returns:
+        ``(distinct, sums)``: ``[N]`` int32, the distinct ids in ``[0, n_rows)`` and then ``n_rows`` (unused slots,
+        ids out of range); ``[N, H]`` in ``accum_dtype``, the sum of each slot's rows (zero for unused slots).
+    """
+    ids = ids.astype(jax.dtypes.canonicalize_dtype(jnp.promote_types(ids.dtype, jnp.int32)))
+    ids = jnp.where((ids >= -n_rows) & (ids < n_rows), ids % n_rows, n_rows).astype(jnp.int32)
+    order = jnp.argsort(ids)
+    sorted_ids = ids[order]
+    starts = jnp.concatenate([jnp.ones(1, bool), sorted_ids[1:] != sorted_ids[:-1]])
+    slot = jnp.cumsum(starts) - 1
+    sums = jax.ops.segment_sum(rows[order].astype(accum_dtype), slot, ids.size, indices_are_sorted=True)
+    return jnp.full(ids.shape, n_rows, jnp.int32).at[slot].set(sorted_ids), sums
 
 
 _embedding.defvjp(_embedding_fwd, _embedding_bwd)
