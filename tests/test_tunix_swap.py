@@ -40,7 +40,7 @@ class Family:
 
 
 def _counts(rms_norm, mlp_kind):
-    return {**dict.fromkeys(KINDS, 0), "rms_norm": rms_norm, mlp_kind: 2, "rope": 2}
+    return {**dict.fromkeys(KINDS, 0), "rms_norm": rms_norm, mlp_kind: 2, "rope": 2, "embedding": 1}
 
 
 def _qwen3(dtype=jnp.float32):
@@ -219,6 +219,8 @@ def test_swap_counts_classes_and_state(name):
     assert isinstance(layer.mlp, family.mlp) and type(layer.mlp) is not family.mlp
     assert isinstance(layer.attn, family.module.Attention) and type(layer.attn) is not family.module.Attention
     assert isinstance(model.final_norm, family.norm) and type(model.final_norm) is not family.norm
+    embedder = family.module.Embedder
+    assert isinstance(model.embedder, embedder) and type(model.embedder) is not embedder
     assert apply_liger(model, implementation=IMPLEMENTATION) == dict.fromkeys(KINDS, 0)  # already swapped
 
 
@@ -226,8 +228,9 @@ def test_swap_counts_classes_and_state(name):
 def test_swap_switches(name):
     family = FAMILIES[name]
     mlp_kind = "swiglu" if family.counts["swiglu"] else "geglu"
-    model, counts = _swapped(family, rms_norm=False, rope=False)
+    model, counts = _swapped(family, rms_norm=False, rope=False, embedding=False)
     assert counts == {**dict.fromkeys(KINDS, 0), mlp_kind: 2}
+    assert type(model.embedder) is family.module.Embedder
     assert type(model.final_norm) is family.norm and type(model.layers[0].attn) is family.module.Attention
     _, counts = _swapped(family, swiglu=False, geglu=False)
     assert counts == {**family.counts, mlp_kind: 0}
@@ -282,6 +285,33 @@ def test_swapped_model_in_bfloat16_is_as_accurate_as_tunix(name):
     liger, tunix = loss_logits_grads(liger_bf16), loss_logits_grads(tunix_bf16)
     assert jax.tree.map(lambda x: x.dtype, liger) == jax.tree.map(lambda x: x.dtype, tunix)
     model_checks.assert_as_accurate_as_flax(liger, tunix, loss_logits_grads(truth))
+
+
+def test_a_swapped_embedder_sums_a_row_shared_by_thousands_of_tokens_in_fp32():
+    # With bf16 params (Tunix's checkpoints) Tunix's encode scatter-adds its gradient in bf16, which stalls once the
+    # sum's spacing passes the terms (from 256 here); the swapped encode sums in fp32 and rounds once.
+    class Holder(nnx.Module):
+        def __init__(self):
+            self.embedder = llama3.Embedder(VOCAB, 8, rngs=nnx.Rngs(0))
+            table = self.embedder.input_embedding
+            table.value = table.value.astype(jnp.bfloat16)
+
+    ids = jnp.full((4, 1024), 7, jnp.int32)
+    cotangent = np.random.default_rng(6).uniform(0.5, 1.5, (4, 1024, 8)).astype(jnp.bfloat16).astype(np.float32)
+    exact = np.asarray(cotangent, np.float64).sum(axis=(0, 1))
+
+    def loss(holder):
+        return jnp.sum(holder.embedder.encode(ids).astype(jnp.float32) * cotangent)
+
+    def row_gradient(holder):
+        grads = nnx.grad(loss)(holder)
+        return np.asarray(grads["embedder"]["input_embedding"][...][7], np.float64)
+
+    swapped = Holder()
+    assert apply_liger(swapped, implementation=IMPLEMENTATION)["embedding"] == 1
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    np.testing.assert_allclose(row_gradient(swapped), exact, rtol=eps)
+    assert np.max(np.abs(row_gradient(Holder()) / exact - 1)) > 10 * eps  # Tunix's own sum misses by far more
 
 
 def test_importing_liger_jax_does_not_import_tunix():

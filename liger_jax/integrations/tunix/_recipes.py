@@ -15,6 +15,10 @@ kernels (its remat switches, sharding constraints, KV caches):
 * Attention: ``__call__`` is Tunix's own, run while the module-level RoPE function it calls (``apply_rope``; Qwen2's
   ``apply_rotary_embedding``) is liger's :func:`liger_jax.apply_rotary_pos_emb` on the tables Tunix's function would
   build.
+* Embedder: ``encode`` is Tunix's own, run on a view of the module whose table gathers by
+  :func:`liger_jax.embedding` (the gradient summed in fp32 and rounded once to the table's dtype, where Tunix's
+  scatter-adds in the table's dtype: bf16 compare-and-swap additions with bf16 params); its scaling, casts and
+  sharding are Tunix's lines. ``decode`` (the tied head) is left as it is.
 
 Why RoPE is a scoped patch rather than an Attention rewritten on the module's projections: the attention blocks are
 long and differ per family (fused or grouped qkv einsums, sliding windows, logit soft caps, query norms, TPU splash
@@ -44,6 +48,7 @@ from flax import nnx
 
 from liger_jax import runtime
 from liger_jax.flax_layers.swap import register_swap
+from liger_jax.ops.embedding import embedding as liger_embedding
 from liger_jax.ops.glu import geglu, swiglu
 from liger_jax.ops.rms_norm import CastingMode
 from liger_jax.ops.rms_norm import rms_norm as liger_rms_norm
@@ -183,6 +188,41 @@ def gated_mlp(gate: Literal["swiglu", "geglu"], *, constrain: Callable[[Any, jax
     if gate not in _GATES:
         raise ValueError(f"gate must be one of {tuple(_GATES)}, got {gate!r}")
     return Recipe(gate, _GatedMLP, MLPOptions(_GATES[gate], constrain))
+
+
+class _Embedder(_Rebound):
+    liger_options: str  # the attribute holding the [V, D] table
+
+    def encode(self, x: jax.Array) -> jax.Array:
+        return self.liger_replaces.encode(_GatheringView(self), x)
+
+
+class _GatheringView:
+    """A Tunix Embedder seen by its own ``encode``: every attribute is the module's, but ``table[(ids,)]`` of its
+    table is :func:`liger_jax.embedding` of the rows."""
+
+    def __init__(self, module: _Embedder):
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        return _Table(value, self._module.liger_implementation) if name == self._module.liger_options else value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    param: nnx.Param
+    implementation: runtime.Implementation | None
+
+    def __getitem__(self, key):
+        (ids,) = key if isinstance(key, tuple) else (key,)  # Tunix writes table[(ids,)]
+        return liger_embedding(self.param[...], ids, implementation=self.implementation)
+
+
+def embedder(table: str = "input_embedding") -> Recipe:
+    """The recipe of a Tunix Embedder whose ``encode`` gathers rows as ``self.<table>[(ids,)]`` (kind
+    ``"embedding"``); ``table`` names the ``nnx.Param`` ``[V, D]``."""
+    return Recipe("embedding", _Embedder, table)
 
 
 HalfTables = Callable[..., tuple[jax.Array, jax.Array]]

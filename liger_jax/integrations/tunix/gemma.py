@@ -6,6 +6,8 @@
   case: activations take the params' dtype) give Tunix's roundings; the rsqrt is taken in fp32 before rounding.
 * ``FeedForward`` (``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``): GeGLU.
 * ``Attention``'s ``apply_rope`` (rotate-half, ``positions / max_wavelength ** (2i / D)``, fp32 tables).
+* ``Embedder.encode`` (the rows gathered, times ``sqrt(embed_dim)`` in their dtype): :func:`liger_jax.embedding`
+  gathers, its gradient summed in fp32.
 """
 
 from tunix.models.gemma import model
@@ -30,5 +32,6 @@ _recipes.register(
             "geglu", constrain=lambda mlp, h: model.shard(h, mlp.config.shd_config.act_btf)
         ),
         model.Attention: _recipes.rope("apply_rope", _half_tables),
+        model.Embedder: _recipes.embedder(),
     },
 )

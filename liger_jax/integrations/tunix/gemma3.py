@@ -10,6 +10,8 @@ imports this module the first time it meets one of its classes.
   tables), with each layer's own base and scale factor (local sliding-window layers and global ones differ).
 
 The SigLIP vision encoder's ``nnx.LayerNorm`` is swapped by the built-in ``layer_norm`` swap.
+* ``Embedder.encode`` (the rows gathered, times ``sqrt(embed_dim)`` in their dtype): :func:`liger_jax.embedding`
+  gathers, its gradient summed in fp32. ``encode_vision`` is left as it is.
 """
 
 from tunix.models.gemma3 import model
@@ -34,5 +36,6 @@ _recipes.register(
             "geglu", constrain=lambda mlp, h: model.sharding_utils.shard(h, mlp.config.shd_config.act_btf)
         ),
         model.Attention: _recipes.rope("apply_rope", _half_tables),
+        model.Embedder: _recipes.embedder(),
     },
 )

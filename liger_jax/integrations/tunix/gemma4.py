@@ -8,6 +8,8 @@ imports this module the first time it meets one of its classes.
 * ``Attention``'s ``apply_rope`` (rotate-half over the first ``rope_proportion`` of the pairs: the rest get an
   infinite timescale, so they are not rotated; ``positions / base_frequency ** ((2 / D) i) / scale_factor``, fp32
   tables), with each layer's own base, scale factor and proportion.
+* ``Embedder.encode`` (the rows gathered, times ``sqrt(embed_dim)``, cast to ``dtype``): :func:`liger_jax.embedding`
+  gathers, its gradient summed in fp32. The per-layer inputs' table (``encode_per_layer_input``) is left as it is.
 """
 
 import jax.numpy as jnp
@@ -32,5 +34,6 @@ _recipes.register(
         model.RMSNorm: _recipes.rms_norm(weight="scale", epsilon=_EPSILON, casting_mode="gemma", dtype="module"),
         model.FeedForward: _recipes.gated_mlp("geglu", constrain=None),
         model.Attention: _recipes.rope("apply_rope", _half_tables),
+        model.Embedder: _recipes.embedder(),
     },
 )

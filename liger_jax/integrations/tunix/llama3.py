@@ -7,6 +7,7 @@ imports this module the first time it meets one of its classes.
 * ``Attention``'s ``apply_rope`` (rotate-half, ``positions / rope_theta ** (2i / D)``, fp32 tables). Tunix's
   Attention calls it without the config's ``rope_theta``, so the function's default applies, here as there; Tunix
   has no Llama 3.1 frequency scaling.
+* ``Embedder.encode`` (``input_embedding[(x,)]``): :func:`liger_jax.embedding` gathers, its gradient summed in fp32.
 """
 
 from tunix.models.llama3 import model
@@ -25,5 +26,6 @@ _recipes.register(
         model.RMSNorm: _recipes.rms_norm(weight="w", epsilon="norm_eps", casting_mode="gemma"),
         model.MLP: _recipes.gated_mlp("swiglu", constrain=lambda mlp, h: model.shard(h, mlp.shd_config.act_btf)),
         model.Attention: _recipes.rope("apply_rope", _half_tables),
+        model.Embedder: _recipes.embedder(),
     },
 )

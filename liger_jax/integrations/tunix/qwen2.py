@@ -6,6 +6,8 @@
 * ``MLP``: SwiGLU.
 * ``Attention``'s ``apply_rotary_embedding(x, sin, cos)``: the model builds the ``[B, S, D/2]`` tables once (in x's
   dtype) and passes them to every layer; the kernel rotates with them as given.
+* ``Embedder.encode`` (the rows gathered, then cast to ``dtype``): :func:`liger_jax.embedding` gathers, its
+  gradient summed in fp32.
 """
 
 from tunix.models.qwen2 import model
@@ -24,5 +26,6 @@ _recipes.register(
         model.RMSNorm: _recipes.rms_norm(weight="w", epsilon="norm_eps", casting_mode="gemma", dtype="module"),
         model.MLP: _recipes.gated_mlp("swiglu", constrain=lambda mlp, h: model.shard(h, mlp.shd_config.act_btf)),
         model.Attention: _recipes.rope("apply_rotary_embedding", _half_tables, rotates="x"),
+        model.Embedder: _recipes.embedder(),
     },
 )

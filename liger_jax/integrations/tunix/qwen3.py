@@ -8,6 +8,8 @@ imports this module the first time it meets one of its classes.
 * ``Attention``'s ``apply_rope`` (rotate-half, ``positions / rope_theta ** (2i / D)``, the tables cast to the
   inputs' dtype). Tunix's Attention calls it without the config's ``rope_theta``, so the function's default applies,
   here as there.
+* ``Embedder.encode`` (the rows gathered, then cast to ``dtype``): :func:`liger_jax.embedding` gathers, its
+  gradient summed in fp32.
 """
 
 from tunix.models.qwen3 import model
@@ -26,5 +28,6 @@ _recipes.register(
         model.RMSNorm: _recipes.rms_norm(weight="w", epsilon="norm_eps", casting_mode="gemma", dtype="module"),
         model.MLP: _recipes.gated_mlp("swiglu", constrain=lambda mlp, h: model.shard(h, mlp.shd_config.act_btf)),
         model.Attention: _recipes.rope("apply_rope", _half_tables),
+        model.Embedder: _recipes.embedder(),
     },
 )
