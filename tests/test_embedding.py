@@ -125,6 +125,29 @@ def test_the_ids_at_either_end_of_the_range_are_rows(table_dtype):
     np.testing.assert_array_equal(np.asarray(grad, np.float32).sum(axis=1), expected)
 
 
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_the_gradient_of_each_single_id_is_its_row_alone(table_dtype):
+    table = harness.random_normal(19, (N_ROWS, FEATURES), table_dtype)
+
+    def gradient(one_id):
+        rows, pullback = jax.vjp(lambda table: liger_jax.embedding(table, one_id, implementation=KERNEL), table)
+        return pullback(jnp.ones_like(rows))[0]
+
+    ids = np.arange(-N_ROWS, N_ROWS, dtype=np.int32)
+    expected = np.repeat(np.eye(N_ROWS)[ids % N_ROWS][..., None], FEATURES, axis=-1)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(gradient)(ids), np.float32), expected)
+
+
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("ids", [np.zeros((0,), np.int32), np.zeros((2, 0), np.int32), np.int32(3)])
+def test_no_ids_and_a_scalar_id(table_dtype, ids):
+    table = harness.random_normal(18, (N_ROWS, FEATURES), table_dtype)
+    rows, pullback = jax.vjp(lambda table: liger_jax.embedding(table, ids, implementation=KERNEL), table)
+    assert rows.shape == (*ids.shape, FEATURES)
+    (grad,) = pullback(jnp.ones_like(rows))
+    np.testing.assert_array_equal(np.asarray(grad, np.float32).sum(axis=1), np.eye(N_ROWS)[3] * FEATURES * ids.size)
+
+
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])  # summed in place; summed by id first
 def test_a_traced_id_past_either_end_gives_a_nan_row_and_no_gradient(table_dtype):
     table = harness.random_normal(11, (N_ROWS, FEATURES), table_dtype)

@@ -964,6 +964,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "True",
         "(False)",
     ): "indices_are_sorted is a hint to XLA: the same sums either way",
+    ("liger_jax/ops/embedding.py", "first_of_its_id = jnp.diff(sorted_ids, prepend=-1) != 0", "1", "(2)"): (
+        "-2 is no id either (the ids are in [0, V] by then): the first sorted id still starts a slot"
+    ),
 }
 
 

@@ -112,8 +112,8 @@ def _sums_by_id(rows: jax.Array, ids: jax.Array, n_rows: int, accum_dtype) -> tu
     ids = jnp.where((ids >= -n_rows) & (ids < n_rows), ids % n_rows, n_rows).astype(jnp.int32)
     order = jnp.argsort(ids)
     sorted_ids = ids[order]
-    starts = jnp.concatenate([jnp.ones(1, bool), sorted_ids[1:] != sorted_ids[:-1]])
-    slot = jnp.cumsum(starts) - 1
+    first_of_its_id = jnp.diff(sorted_ids, prepend=-1) != 0
+    slot = jnp.cumsum(first_of_its_id) - 1  # each sorted id's place among the distinct ones
     sums = jax.ops.segment_sum(rows[order].astype(accum_dtype), slot, ids.size, indices_are_sorted=True)
     return jnp.full(ids.shape, n_rows, jnp.int32).at[slot].set(sorted_ids), sums
 
