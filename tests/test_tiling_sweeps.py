@@ -5,12 +5,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks import norm_tiling, row_tiling, tiling_sweep
 from benchmarks.cases import OPS
 from liger_jax.ops import _divergence_rows, _tiling, group_norm
+
+REPOSITORY = Path(__file__).resolve().parents[1]  # where `python -m benchmarks...` finds the benchmarks package
 
 
 def _rows(path):
@@ -102,7 +105,7 @@ def test_norm_kernels_compile_for_the_gpu_in_one_tile_in_column_blocks_and_split
     # would launch it, in a process without the interpreter.
     environment = os.environ | {"TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "benchmarks.norm_tiling", "--registers", "--smoke", "--op", *norm_tiling.OPS]
-    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = [line.split() for line in done.stdout.splitlines()[1:]]
     candidates = [c.label for c in norm_tiling.candidates(200, norm_tiling.SMOKE_GRID)]
@@ -119,7 +122,7 @@ def test_sparsemax_forward_compiles_for_the_gpu_walking_prefetched_row_tiles():
     environment = os.environ | {"TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "benchmarks.row_tiling", "--registers", "--op", "sparsemax"]
     command += ["--shape", "tokens=600,cols=16384"]
-    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = {(row[2], row[3], row[4].split(",")[0]) for row in map(str.split, done.stdout.splitlines()[1:])}
     assert {("rule", "sparsemax_fwd", "PREFETCH=False"), ("pf", "sparsemax_fwd", "PREFETCH=True")} <= compiled

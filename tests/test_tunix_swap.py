@@ -294,7 +294,7 @@ def test_a_swapped_embedder_sums_a_row_shared_by_thousands_of_tokens_in_fp32():
         def __init__(self):
             self.embedder = llama3.Embedder(VOCAB, 8, rngs=nnx.Rngs(0))
             table = self.embedder.input_embedding
-            table.value = table.value.astype(jnp.bfloat16)
+            table.set_value(table[...].astype(jnp.bfloat16))
 
     ids = jnp.full((4, 1024), 7, jnp.int32)
     cotangent = np.random.default_rng(6).uniform(0.5, 1.5, (4, 1024, 8)).astype(jnp.bfloat16).astype(np.float32)
