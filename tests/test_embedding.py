@@ -98,6 +98,25 @@ def test_an_fp32_table_is_never_cast_whole_nor_summed_in_the_compute_dtype():
     assert table_sized_bf16(jax.make_jaxpr(jax.grad(flax_loss))(table).jaxpr), "the check sees flax's casts"
 
 
+def test_a_bf16_table_gradient_is_summed_without_a_table_sized_fp32_buffer():
+    ids = _ids(20, (4, 6))
+
+    def loss(table):
+        return jnp.sum(liger_jax.embedding(table, ids, implementation=KERNEL).astype(jnp.float32) ** 2)
+
+    def table_sized_fp32(table):
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(table).jaxpr
+        return [
+            eqn.primitive.name
+            for eqn in jaxpr.eqns
+            for var in eqn.outvars
+            if var.aval.shape == table.shape and var.aval.dtype == jnp.float32
+        ]
+
+    assert table_sized_fp32(harness.random_normal(21, (N_ROWS, FEATURES), jnp.bfloat16)) == []
+    assert table_sized_fp32(harness.random_normal(21, (N_ROWS, FEATURES), jnp.float32)), "the check sees fp32 sums"
+
+
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 def test_jit_vmap_and_checkpoint(table_dtype):
     table = harness.random_normal(9, (N_ROWS, FEATURES), table_dtype)
