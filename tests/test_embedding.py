@@ -75,6 +75,17 @@ def test_a_row_repeated_thousands_of_times_sums_in_fp32(table_dtype):
     np.testing.assert_array_equal(np.asarray(np.delete(np.asarray(grad, np.float64), 7, axis=0)), 0.0)
 
 
+def _table_sized_arrays(loss, table, dtype) -> list[str]:
+    """The primitives of ``jax.grad(loss)(table)``'s jaxpr that make an array of the table's shape in ``dtype``."""
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(table).jaxpr
+    return [
+        eqn.primitive.name
+        for eqn in jaxpr.eqns
+        for var in eqn.outvars
+        if var.aval.shape == table.shape and var.aval.dtype == dtype
+    ]
+
+
 def test_an_fp32_table_is_never_cast_whole_nor_summed_in_the_compute_dtype():
     table = harness.random_normal(7, (N_ROWS, FEATURES), jnp.float32)
     ids = _ids(8, (4, 6))
@@ -83,19 +94,11 @@ def test_an_fp32_table_is_never_cast_whole_nor_summed_in_the_compute_dtype():
         embedded = liger_jax.embedding(table, ids, dtype=jnp.bfloat16, implementation=KERNEL)
         return jnp.sum(embedded.astype(jnp.float32) ** 2)
 
-    def table_sized_bf16(jaxpr):
-        return [
-            eqn.primitive.name
-            for eqn in jaxpr.eqns
-            for var in eqn.outvars
-            if var.aval.shape == table.shape and var.aval.dtype == jnp.bfloat16
-        ]
-
     def flax_loss(table):
         return jnp.sum(liger_jax.embedding_reference(table, ids, dtype=jnp.bfloat16).astype(jnp.float32) ** 2)
 
-    assert table_sized_bf16(jax.make_jaxpr(jax.grad(loss))(table).jaxpr) == []
-    assert table_sized_bf16(jax.make_jaxpr(jax.grad(flax_loss))(table).jaxpr), "the check sees flax's casts"
+    assert _table_sized_arrays(loss, table, jnp.bfloat16) == []
+    assert _table_sized_arrays(flax_loss, table, jnp.bfloat16), "the check sees flax's casts"
 
 
 def test_a_bf16_table_gradient_is_summed_without_a_table_sized_fp32_buffer():
@@ -104,17 +107,9 @@ def test_a_bf16_table_gradient_is_summed_without_a_table_sized_fp32_buffer():
     def loss(table):
         return jnp.sum(liger_jax.embedding(table, ids, implementation=KERNEL).astype(jnp.float32) ** 2)
 
-    def table_sized_fp32(table):
-        jaxpr = jax.make_jaxpr(jax.grad(loss))(table).jaxpr
-        return [
-            eqn.primitive.name
-            for eqn in jaxpr.eqns
-            for var in eqn.outvars
-            if var.aval.shape == table.shape and var.aval.dtype == jnp.float32
-        ]
-
-    assert table_sized_fp32(harness.random_normal(21, (N_ROWS, FEATURES), jnp.bfloat16)) == []
-    assert table_sized_fp32(harness.random_normal(21, (N_ROWS, FEATURES), jnp.float32)), "the check sees fp32 sums"
+    bf16_table, fp32_table = (harness.random_normal(21, (N_ROWS, FEATURES), d) for d in (jnp.bfloat16, jnp.float32))
+    assert _table_sized_arrays(loss, bf16_table, jnp.float32) == []
+    assert _table_sized_arrays(loss, fp32_table, jnp.float32), "the check sees fp32 sums"
 
 
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])

@@ -120,7 +120,8 @@ TARGETS: dict[str, Target] = {
     "liger_jax/ops/_divergence_rows.py": Target(("_reduced_loss_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/kl_div.py": Target(("_kl_div_bwd",), _DIVERGENCE_TESTS),
     "liger_jax/ops/embedding.py": Target(
-        ("embedding", "_embedding", "_embedding_fwd", "_embedding_bwd", "_sums_by_id"), ("tests/test_embedding.py",)
+        ("embedding", "_outside", "_embedding", "_embedding_fwd", "_embedding_bwd", "_sums_by_id"),
+        ("tests/test_embedding.py",),
     ),
     "liger_jax/ops/_checks.py": Target(
         ("concrete_values", "check_values"),

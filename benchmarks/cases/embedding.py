@@ -13,12 +13,10 @@ from benchmarks.providers import LIGER_JAX, XLA, kernel_provider, xla_provider
 
 DISTINCT_IDS = 256
 SMALL = {"tokens": 2048, "vocab": 32000, "hidden": 768}  # the main job's small preset, batch 16 × 128
-LLAMA3 = {"tokens": 16384, "vocab": 128256, "hidden": 2048}
+LLAMA3 = {"tokens": 16384, "vocab": 128256, "hidden": 2048}  # Llama-3's vocabulary and the 1b preset's width
 TARGETS = [(shape | table, "bfloat16") for table in ({}, {"table": "bfloat16"}) for shape in (SMALL, LLAMA3)]
-# Llama-3's vocabulary and the 1b preset's width, and the small preset off the line.
-SWEEPS = {
-    "tokens": ("tokens", [SMALL, *({"tokens": n, "vocab": 128256, "hidden": 2048} for n in (4096, 16384, 65536))])
-}
+# Llama-3's shape at other token counts, and the small preset off the line.
+SWEEPS = {"tokens": ("tokens", [SMALL, *(LLAMA3 | {"tokens": n} for n in (4096, 16384, 65536))])}
 SMOKE = [
     ({"tokens": 37, "vocab": 300, "hidden": 24}, "float32"),
     ({"tokens": 64, "vocab": 500, "hidden": 32}, "bfloat16"),

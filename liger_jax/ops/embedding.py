@@ -68,11 +68,16 @@ def embedding(
             raise TypeError(f"{name} must be a floating dtype, got {value!r}")
     n_rows = table.shape[0]
     _checks.check_values(
-        "ids", ids, lambda i: (i < -n_rows) | (i >= n_rows), f"be in [-{n_rows}, {n_rows}) for a table of {n_rows} rows"
+        "ids", ids, lambda i: _outside(i, n_rows), f"be in [-{n_rows}, {n_rows}) for a table of {n_rows} rows"
     )
     if implementation == "xla":
         return embedding_reference(table, ids, dtype=dtype)
     return _embedding(table, ids, dtype, jnp.promote_types(accum_dtype, table.dtype))
+
+
+def _outside(ids, n_rows: int):
+    """Where ``ids`` (NumPy or JAX integers) leave ``[-n_rows, n_rows)``, the rows ``jnp.take`` reads."""
+    return (ids < -n_rows) | (ids >= n_rows)
 
 
 def embedding_reference(table: jax.Array, ids: jax.Array, *, dtype=None) -> jax.Array:
@@ -109,7 +114,7 @@ def _sums_by_id(rows: jax.Array, ids: jax.Array, n_rows: int, accum_dtype) -> tu
         ids out of range); ``[N, H]`` in ``accum_dtype``, the sum of each slot's rows (zero for unused slots).
     """
     ids = ids.astype(jax.dtypes.canonicalize_dtype(jnp.promote_types(ids.dtype, jnp.int32)))
-    ids = jnp.where((ids >= -n_rows) & (ids < n_rows), ids % n_rows, n_rows).astype(jnp.int32)
+    ids = jnp.where(_outside(ids, n_rows), n_rows, ids % n_rows).astype(jnp.int32)
     order = jnp.argsort(ids)
     sorted_ids = ids[order]
     first_of_its_id = jnp.diff(sorted_ids, prepend=-1) != 0

@@ -8,10 +8,10 @@ imports this module the first time it meets one of its classes.
 * ``FeedForward`` (``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``): GeGLU.
 * ``Attention``'s ``apply_rope`` (rotate-half, ``positions / base_frequency ** (2i / D) / scale_factor``, fp32
   tables), with each layer's own base and scale factor (local sliding-window layers and global ones differ).
-
-The SigLIP vision encoder's ``nnx.LayerNorm`` is swapped by the built-in ``layer_norm`` swap.
 * ``Embedder.encode`` (the rows gathered, times ``sqrt(embed_dim)`` in their dtype): :func:`liger_jax.embedding`
   gathers, its gradient summed in fp32. ``encode_vision`` is left as it is.
+
+The SigLIP vision encoder's ``nnx.LayerNorm`` is swapped by the built-in ``layer_norm`` swap.
 """
 
 from tunix.models.gemma3 import model
