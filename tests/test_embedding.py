@@ -17,7 +17,7 @@ import liger_jax
 from liger_jax.flax_layers import KINDS, apply_liger, liger_intercept
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
-from tests import harness
+from tests import collectives, harness
 
 # (table dtype, rows dtype): fp32 params with bf16 / fp16 compute (the mixed-precision case the op is for), and
 # tables already in the compute dtype.
@@ -177,7 +177,7 @@ def test_a_traced_id_past_either_end_gives_a_nan_row_and_no_gradient(table_dtype
 
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
 def test_a_table_sharded_on_the_vocabulary_and_ids_on_the_batch_give_the_same_gradient(table_dtype):
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "vocab"))  # conftest's 8 devices
+    mesh = collectives.mesh((2, 4), ("data", "vocab"))
     table = harness.random_normal(15, (40, FEATURES), table_dtype)
     ids = _ids(16, (4, 6), n_rows=40)
     cotangent = harness.random_normal(17, (4, 6, FEATURES), table_dtype)
