@@ -3,9 +3,12 @@ liger / flax so that drift in the machine's state touches both alike, then the m
 
     python -m benchmarks.main_job --out OUT                        # tiny, mini, small at their defaults, 3 runs each
     python -m benchmarks.main_job --out OUT --preset 1b:8:2048      # preset:batch:seq
+    python -m benchmarks.main_job --out OUT --preset 1b:8:2048 --ablate rope swiglu,rms_norm  # liger without them
 
-Each run is a fresh process (its own compile; tokens/s excludes it). Prints a markdown table and writes it to
-OUT/main_job.md, with every run's summary in OUT/main_job.jsonl.
+Each run is a fresh process (its own compile; tokens/s excludes it). ``--ablate`` adds, per preset, runs of liger
+with the given swap kinds left as flax's (the example's ``--keep``), interleaved with the others. Prints a markdown
+table (each liger variant against flax) and writes it to OUT/main_job.md, with every run's summary in
+OUT/main_job.jsonl.
 """
 
 from __future__ import annotations
@@ -19,13 +22,19 @@ import tempfile
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_llama.py"
-SWAPS = ("--liger", "--no-liger")
+LIGER, FLAX = "--liger", "--no-liger"
+
+
+def _swaps(ablations: list[str]) -> list[str]:
+    """The runs' swap flags: liger, flax, then liger ``--keep``-ing each ablation's kinds (``"rope,swiglu"``)."""
+    kept = [" ".join(f"--keep {kind}" for kind in ablation.split(",")) for ablation in ablations]
+    return [LIGER, FLAX] + [f"{LIGER} {keep}" for keep in kept]
 
 
 def _run(preset: str, batch: int, seq: int, swap: str, steps: int, timeout_s: float) -> dict:
-    """One run of the example; its summary.json, or ``{"error": ...}``."""
+    """One run of the example with the flags ``swap``; its summary.json, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, str(EXAMPLE), "--config", preset, swap, "--steps", str(steps)]
+        command = [sys.executable, str(EXAMPLE), "--config", preset, *swap.split(), "--steps", str(steps)]
         command += ["--batch-size", str(batch), "--seq-len", str(seq), "--sample", "0", "--eval-batches", "0"]
         command += ["--out", out]
         try:
@@ -50,14 +59,16 @@ def main() -> None:
     cli.add_argument("--runs", type=int, default=3)
     cli.add_argument("--steps", type=int, default=60, help="training steps per run")
     cli.add_argument("--timeout-s", type=float, default=150.0, help="per run")
+    cli.add_argument("--ablate", nargs="*", default=[], help="kinds liger keeps as flax's in extra runs: rope,swiglu")
     args = cli.parse_args()
+    swaps = _swaps(args.ablate)
     args.out.mkdir(parents=True, exist_ok=True)
     presets = [_parse_preset(text) for text in args.preset]
     rates: dict[tuple, list[float]] = {}
     with open(args.out / "main_job.jsonl", "a") as log:
         for run in range(args.runs):
             for preset in presets:
-                for swap in SWAPS:
+                for swap in swaps:
                     summary = _run(*preset, swap, args.steps, args.timeout_s)
                     summary.update(preset=":".join(map(str, preset)), swap=swap, run=run)
                     summary.pop("losses", None)
@@ -70,15 +81,19 @@ def main() -> None:
                     print(f"{summary['preset']} {swap} run {run}: {summary['tokens_per_s']:,.0f} tokens/s", flush=True)
     lines = ["| preset (batch x seq) | liger tokens/s | flax tokens/s | liger / flax | runs |", "|---|---|---|---|---|"]
     for name, batch, seq in presets:
-        liger, flax = (rates.get(((name, batch, seq), swap), []) for swap in SWAPS)
-        if not liger or not flax:
-            lines.append(f"| {name} ({batch} x {seq}) | - | - | - | {len(liger)} / {len(flax)} |")
-            continue
-        ratio = statistics.median(liger) / statistics.median(flax)
-        lines.append(
-            f"| {name} ({batch} x {seq}) | {statistics.median(liger):,.0f} | {statistics.median(flax):,.0f} | "
-            f"{ratio:.3f}x | {len(liger)} / {len(flax)} |"
-        )
+        flax = rates.get(((name, batch, seq), FLAX), [])
+        for swap in (swap for swap in swaps if swap != FLAX):
+            liger = rates.get(((name, batch, seq), swap), [])
+            kept = swap.split()[2::2]  # "--liger --keep a --keep b"
+            label = f"{name} ({batch} x {seq})" + (f", keeps {', '.join(kept)} as flax's" if kept else "")
+            if not liger or not flax:
+                lines.append(f"| {label} | - | - | - | {len(liger)} / {len(flax)} |")
+                continue
+            ratio = statistics.median(liger) / statistics.median(flax)
+            lines.append(
+                f"| {label} | {statistics.median(liger):,.0f} | {statistics.median(flax):,.0f} | "
+                f"{ratio:.3f}x | {len(liger)} / {len(flax)} |"
+            )
     table = "\n".join(lines)
     (args.out / "main_job.md").write_text(table + "\n")
     print(table)

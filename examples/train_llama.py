@@ -3,6 +3,7 @@
     python examples/train_llama.py                      # tiny model, a few minutes on 2 CPU cores
     python examples/train_llama.py --config small --steps 200 --batch-size 16 --seq-len 1024
     python examples/train_llama.py --config 1b --no-liger   # the same run on flax's own modules
+    python examples/train_llama.py --config 1b --keep rope  # every swap but RoPE's (an ablation)
     python examples/train_llama.py --mesh dp=2,fsdp=2,tp=2  # data, fully-sharded and tensor parallel on 8 devices
 
 The model (:mod:`liger_jax.models.llama`) is written with plain flax parts; ``--liger`` (the default) calls
@@ -33,7 +34,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from liger_jax import runtime
-from liger_jax.flax_layers import apply_liger
+from liger_jax.flax_layers import KINDS, apply_liger
 from liger_jax.models import LlamaConfig, LlamaForCausalLM, llama_config, training
 from liger_jax.models import sharding as model_sharding
 from liger_jax.ops import _dispatch
@@ -52,6 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--liger", action=argparse.BooleanOptionalAction, default=True, help="swap in the kernels")
     parser.add_argument(
         "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="compute dtype (bf16 on GPU)"
+    )
+    parser.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        choices=KINDS,
+        metavar="KIND",
+        help="a swap kind --liger leaves as flax's (repeatable; e.g. --keep rope, for an ablation)",
     )
     parser.add_argument("--remat", action="store_true", help="rematerialise each decoder layer")
     parser.add_argument("--implementation", default=None, choices=runtime.IMPLEMENTATIONS)
@@ -96,6 +105,8 @@ def check_args(args: argparse.Namespace) -> None:
     args.warmup = args.steps // 10 if args.warmup is None else args.warmup
     if not 0 <= args.warmup < args.steps:
         raise ValueError(f"--warmup must be in [0, --steps), got {args.warmup} for {args.steps} steps")
+    if args.keep and not args.liger:
+        raise ValueError(f"--keep {args.keep[0]} needs --liger: without it nothing is swapped")
     if args.implementation is not None:
         runtime.resolve_implementation(args.implementation)
     if args.mesh is not None:
@@ -116,13 +127,14 @@ def model_config(args: argparse.Namespace) -> LlamaConfig:
 def build_model(config: LlamaConfig, args: argparse.Namespace) -> tuple[LlamaForCausalLM, dict[str, int]]:
     """The model with fresh parameters, liger kernels swapped in unless ``--no-liger``; and the swap counts."""
     model = LlamaForCausalLM(config, rngs=nnx.Rngs(args.seed))
-    counts = apply_liger(model, implementation=args.implementation) if args.liger else {}
+    switches = dict.fromkeys(args.keep, False)
+    counts = apply_liger(model, implementation=args.implementation, **switches) if args.liger else {}
     return model, counts
 
 
 def op_implementations(config: LlamaConfig, args: argparse.Namespace) -> dict[str, str]:
     """The implementation each swapped op runs at this run's shapes: ``--implementation``, or the default with the
-    size rule (:mod:`liger_jax.ops._dispatch`) applied to the whole batch's operands."""
+    size rule (:mod:`liger_jax.ops._dispatch`) applied to the whole batch's operands; ``--keep`` ops left out."""
     tokens = args.batch_size * args.seq_len
     elements = {
         "rms_norm": tokens * config.hidden_size,
@@ -130,7 +142,9 @@ def op_implementations(config: LlamaConfig, args: argparse.Namespace) -> dict[st
         "rope": tokens * (config.num_heads + config.num_kv_heads) * config.head_dim,
         "fused_linear_cross_entropy": tokens * config.vocab_size,
     }
-    return {op: _dispatch.resolve(args.implementation, op, size) for op, size in elements.items()}
+    return {
+        op: _dispatch.resolve(args.implementation, op, size) for op, size in elements.items() if op not in args.keep
+    }
 
 
 def evaluation_loss(graphdef, state: training.TrainState, tokens: np.ndarray, args: argparse.Namespace) -> float:
@@ -222,6 +236,7 @@ def train(args: argparse.Namespace) -> dict:
         "model": {name: getattr(config, name) for name in config.__dataclass_fields__},
         "params": training.parameter_count(state),
         "liger": args.liger,
+        "kept": args.keep,
         "implementation": implementation,
         "op_implementations": op_choices,
         "swapped": counts,

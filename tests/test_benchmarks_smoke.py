@@ -6,7 +6,19 @@ import re
 
 import pytest
 
-from benchmarks import e2e, e2e_trial, peak, providers, report, run, targets, timing, tokamax_provider, wall_and_busy
+from benchmarks import (
+    e2e,
+    e2e_trial,
+    main_job,
+    peak,
+    providers,
+    report,
+    run,
+    targets,
+    timing,
+    tokamax_provider,
+    wall_and_busy,
+)
 from benchmarks import rows as results
 from benchmarks.case import MODES, shape_string
 from benchmarks.cases import OPS, build_case, off_line, sweep_line
@@ -694,3 +706,38 @@ def test_kernel_counters_knows_every_launched_kernel_by_its_function_name():
     pattern = re.compile(kernel_counters.liger_kernels_regex())
     assert pattern.match("rms_norm_bwd") and pattern.match("rope")
     assert not pattern.match("rms_norm_bwd_1") and not pattern.match("loop_add_fusion")
+
+
+def test_main_job_interleaves_the_ablations_and_tables_each_against_flax(tmp_path, monkeypatch, capsys):
+    rates = {
+        "--liger": 130.0,
+        "--no-liger": 100.0,
+        "--liger --keep rope": 120.0,
+        "--liger --keep swiglu --keep rms_norm": 90.0,
+    }
+    calls = []
+
+    def fake_run(preset, batch, seq, swap, steps, timeout_s):
+        calls.append((preset, swap))
+        return {"tokens_per_s": rates[swap] + len(calls) * 1e-3}
+
+    monkeypatch.setattr(main_job, "_run", fake_run)
+    argv = [
+        "main_job",
+        "--out",
+        str(tmp_path),
+        "--preset",
+        "tiny:2:16",
+        "--runs",
+        "2",
+        "--ablate",
+        "rope",
+        "swiglu,rms_norm",
+    ]
+    monkeypatch.setattr("sys.argv", argv)
+    main_job.main()
+    assert [swap for _, swap in calls] == list(rates) * 2
+    table = (tmp_path / "main_job.md").read_text().splitlines()
+    assert table[2].startswith("| tiny (2 x 16) | 130 | 100 | 1.300x | 2 / 2 |")
+    assert table[3].startswith("| tiny (2 x 16), keeps rope as flax's | 120 | 100 | 1.200x |")
+    assert table[4].startswith("| tiny (2 x 16), keeps swiglu, rms_norm as flax's | 90 | 100 | 0.900x |")

@@ -42,6 +42,23 @@ def test_example_trains_and_reports(tmp_path, liger):
         assert line in result.stdout
 
 
-def test_example_rejects_bad_flags():
-    result = _run("--steps", "10", "--warmup", "10")
-    assert result.returncode == 2 and "--warmup must be in [0, --steps)" in result.stderr
+def test_example_keeps_the_kinds_it_is_told_to(tmp_path):
+    result = _run(*SMALL_RUN, "--sample", "0", "--keep", "rope", "--keep", "swiglu", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["kept"] == ["rope", "swiglu"]
+    assert summary["swapped"]["rope"] == summary["swapped"]["swiglu"] == 0 and summary["swapped"]["rms_norm"] == 9
+    assert set(summary["op_implementations"]) == {"rms_norm", "fused_linear_cross_entropy"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--steps", "10", "--warmup", "10"), "--warmup must be in [0, --steps)"),
+        (("--no-liger", "--keep", "rope"), "--keep rope needs --liger"),
+        (("--keep", "ropes"), "argument --keep: invalid choice: 'ropes'"),
+    ],
+)
+def test_example_rejects_bad_flags(flags, message):
+    result = _run(*flags)
+    assert result.returncode == 2 and message in result.stderr
