@@ -22,19 +22,22 @@ import tempfile
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_llama.py"
-LIGER, FLAX = "--liger", "--no-liger"
+# A run's variant: the swap kinds liger keeps as flax's (() for every swap), or FLAX for flax's own modules.
+Variant = tuple[str, ...] | None
+FLAX: Variant = None
 
 
-def _swaps(ablations: list[str]) -> list[str]:
-    """The runs' swap flags: liger, flax, then liger ``--keep``-ing each ablation's kinds (``"rope,swiglu"``)."""
-    kept = [" ".join(f"--keep {kind}" for kind in ablation.split(",")) for ablation in ablations]
-    return [LIGER, FLAX] + [f"{LIGER} {keep}" for keep in kept]
+def _flags(variant: Variant) -> list[str]:
+    """The example's swap flags for ``variant``."""
+    if variant is FLAX:
+        return ["--no-liger"]
+    return ["--liger", *(flag for kind in variant for flag in ("--keep", kind))]
 
 
-def _run(preset: str, batch: int, seq: int, swap: str, steps: int, timeout_s: float) -> dict:
-    """One run of the example with the flags ``swap``; its summary.json, or ``{"error": ...}``."""
+def _run(preset: str, batch: int, seq: int, variant: Variant, steps: int, timeout_s: float) -> dict:
+    """One run of the example as ``variant``; its summary.json, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, str(EXAMPLE), "--config", preset, *swap.split(), "--steps", str(steps)]
+        command = [sys.executable, str(EXAMPLE), "--config", preset, *_flags(variant), "--steps", str(steps)]
         command += ["--batch-size", str(batch), "--seq-len", str(seq), "--sample", "0", "--eval-batches", "0"]
         command += ["--out", out]
         try:
@@ -61,15 +64,16 @@ def main() -> None:
     cli.add_argument("--timeout-s", type=float, default=150.0, help="per run")
     cli.add_argument("--ablate", nargs="*", default=[], help="kinds liger keeps as flax's in extra runs: rope,swiglu")
     args = cli.parse_args()
-    swaps = _swaps(args.ablate)
+    variants = [(), FLAX, *(tuple(ablation.split(",")) for ablation in args.ablate)]
     args.out.mkdir(parents=True, exist_ok=True)
     presets = [_parse_preset(text) for text in args.preset]
     rates: dict[tuple, list[float]] = {}
     with open(args.out / "main_job.jsonl", "a") as log:
         for run in range(args.runs):
             for preset in presets:
-                for swap in swaps:
-                    summary = _run(*preset, swap, args.steps, args.timeout_s)
+                for variant in variants:
+                    swap = " ".join(_flags(variant))
+                    summary = _run(*preset, variant, args.steps, args.timeout_s)
                     summary.update(preset=":".join(map(str, preset)), swap=swap, run=run)
                     summary.pop("losses", None)
                     log.write(json.dumps(summary) + "\n")
@@ -77,14 +81,13 @@ def main() -> None:
                     if "error" in summary:
                         print(f"{summary['preset']} {swap} run {run}: {summary['error']}", flush=True)
                         continue
-                    rates.setdefault((preset, swap), []).append(summary["tokens_per_s"])
+                    rates.setdefault((preset, variant), []).append(summary["tokens_per_s"])
                     print(f"{summary['preset']} {swap} run {run}: {summary['tokens_per_s']:,.0f} tokens/s", flush=True)
     lines = ["| preset (batch x seq) | liger tokens/s | flax tokens/s | liger / flax | runs |", "|---|---|---|---|---|"]
     for name, batch, seq in presets:
         flax = rates.get(((name, batch, seq), FLAX), [])
-        for swap in (swap for swap in swaps if swap != FLAX):
-            liger = rates.get(((name, batch, seq), swap), [])
-            kept = swap.split()[2::2]  # "--liger --keep a --keep b"
+        for kept in (variant for variant in variants if variant is not FLAX):
+            liger = rates.get(((name, batch, seq), kept), [])
             label = f"{name} ({batch} x {seq})" + (f", keeps {', '.join(kept)} as flax's" if kept else "")
             if not liger or not flax:
                 lines.append(f"| {label} | - | - | - | {len(liger)} / {len(flax)} |")

@@ -708,7 +708,7 @@ def test_kernel_counters_knows_every_launched_kernel_by_its_function_name():
     assert not pattern.match("rms_norm_bwd_1") and not pattern.match("loop_add_fusion")
 
 
-def test_main_job_interleaves_the_ablations_and_tables_each_against_flax(tmp_path, monkeypatch, capsys):
+def test_main_job_interleaves_the_ablations_and_tables_each_against_flax(tmp_path, monkeypatch):
     rates = {
         "--liger": 130.0,
         "--no-liger": 100.0,
@@ -717,7 +717,8 @@ def test_main_job_interleaves_the_ablations_and_tables_each_against_flax(tmp_pat
     }
     calls = []
 
-    def fake_run(preset, batch, seq, swap, steps, timeout_s):
+    def fake_run(preset, batch, seq, variant, steps, timeout_s):
+        swap = " ".join(main_job._flags(variant))
         calls.append((preset, swap))
         return {"tokens_per_s": rates[swap] + len(calls) * 1e-3}
 
