@@ -106,6 +106,40 @@ def test_linen_matches_flax_add_then_norm(implementation, x_dtype, param_dtype, 
     )
 
 
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize(("x_dtype", "param_dtype", "dtype"), DTYPE_CASES)
+def test_without_residual_both_frameworks_match_flax_norm_passing_x_on(implementation, x_dtype, param_dtype, dtype):
+    # residual None: (flax's norm of x, x itself), and x's gradient sums both outputs' cotangents.
+    options = {"param_dtype": param_dtype, "dtype": dtype}
+    nnx_norm = liger_nnx.FusedAddRMSNorm(40, implementation=implementation, rngs=nnx.Rngs(0), **options)
+    linen_norm = liger_linen.FusedAddRMSNorm(implementation=implementation, **options)
+    theirs = nn.RMSNorm(**options)
+    x = harness.random_normal(15, (3, 5, 40), x_dtype)
+    params = {"params": {"scale": harness.random_normal(16, (40,), param_dtype)}}
+    graphdef, state = nnx.split(nnx_norm)
+    out_dtype = theirs.apply(params, x).dtype
+    cotangents = (harness.random_normal(17, x.shape, out_dtype), harness.random_normal(18, x.shape, x_dtype))
+
+    def value_and_grads(apply):
+        def value(params, x):
+            y, total = apply(params, x)
+            return sum(jnp.sum(out.astype(jnp.float32) * c) for out, c in zip((y, total), cotangents, strict=True))
+
+        return jax.jit(lambda params, x: (apply(params, x), jax.grad(value, argnums=(0, 1))(params, x)))(params, x)
+
+    def with_nnx_scale(params, x):
+        scale_only = jax.tree.map(lambda _: params["params"]["scale"], state)
+        return nnx.merge(graphdef, scale_only)(x, None)
+
+    expected = value_and_grads(lambda params, x: (theirs.apply(params, x), x))
+    precision = harness.least_precise(x_dtype, param_dtype, dtype)
+    for apply in (lambda params, x: linen_norm.apply(params, x, None), with_nnx_scale):
+        (y, total), grads = value_and_grads(apply)
+        chex.assert_trees_all_equal(total, x)
+        harness.assert_close(y, expected[0][0], out_dtype)
+        harness.assert_close_trees(grads, expected[1], precision)
+
+
 @pytest.mark.parametrize(("x_dtype", "param_dtype", "dtype"), DTYPE_CASES)
 def test_one_kernel_where_flax_keeps_x_dtype_else_the_add_and_the_norm(x_dtype, param_dtype, dtype):
     implementation = harness.KERNEL_IMPLEMENTATION

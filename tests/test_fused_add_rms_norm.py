@@ -42,6 +42,50 @@ def test_outputs_and_gradients_match_float64_reference(implementation, shape, ca
     harness.assert_vjp_matches_reference(op, reference, (x, residual, scale), cotangents, dtype)
 
 
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+@pytest.mark.parametrize(("shape", "casting_mode", "offset"), CASES)
+@pytest.mark.parametrize("dtype", harness.DTYPES)
+def test_without_residual_matches_float64_reference(implementation, shape, casting_mode, offset, dtype):
+    # No add: s is x, and x's gradient is the cotangent of s plus RMSNorm's backward, summed inside the kernel.
+    x, _, scale = _inputs(40 + len(shape) + 10 * CASTING_MODES.index(casting_mode), shape, dtype, jnp.float32)
+    settings = {"offset": offset, "casting_mode": casting_mode}
+
+    def op(x, scale):
+        return liger_jax.fused_add_rms_norm(x, None, scale, implementation=implementation, **settings)
+
+    def reference(x, scale):
+        return liger_jax.fused_add_rms_norm_reference(x, None, scale, rounding_dtype=dtype, **settings)
+
+    cotangents = (harness.random_normal(96, shape, dtype), harness.random_normal(97, shape, dtype))
+    harness.assert_vjp_matches_reference(op, reference, (x, scale), cotangents, dtype)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_without_residual_is_rms_norm_passing_its_input_on(implementation):
+    # y is rms_norm's own result, s is x bit for bit; x's gradient adds s's cotangent to rms_norm's dx.
+    x, _, scale = _inputs(41, (37, 123), jnp.float32)
+    cotangents = (harness.random_normal(42, x.shape, jnp.float32), harness.random_normal(43, x.shape, jnp.float32))
+    (normed, total), (dx, dscale) = harness.vjp_under_jit(
+        lambda *a: liger_jax.fused_add_rms_norm(a[0], None, a[1], implementation=implementation), (x, scale), cotangents
+    )
+    expected_normed, (expected_dx, expected_dscale) = harness.vjp_under_jit(
+        lambda *a: liger_jax.rms_norm(*a, implementation=implementation), (x, scale), cotangents[0]
+    )
+    chex.assert_trees_all_equal((normed, total), (expected_normed, x))
+    harness.assert_close_trees((dx, dscale), (expected_dx + cotangents[1], expected_dscale), jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_check_grads_without_residual_fp32(implementation):
+    x, _, scale = _inputs(44, (9, 48), jnp.float32)
+    check_grads(
+        lambda *a: liger_jax.fused_add_rms_norm(a[0], None, a[1], implementation=implementation),
+        (x, scale),
+        order=1,
+        modes=["rev"],
+    )
+
+
 @pytest.mark.parametrize("tiling", harness.FORCED_TILINGS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("casting_mode", CASTING_MODES)

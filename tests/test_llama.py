@@ -166,8 +166,10 @@ def test_layer_fusion_follows_its_own_switch():
     apply_liger(fused_only, rms_norm=False, implementation=IMPLEMENTATION)
     assert type(unfused.layers[0]) is llama_lib.LlamaDecoderLayer
     layer = fused_only.layers[0]
-    assert type(layer) is llama_liger.LigerLlamaDecoderLayer and type(layer.input_layernorm) is nnx.RMSNorm
-    assert type(layer.post_attention_layernorm) is liger_nnx.RMSNorm  # the norm it fuses: the kernel's twin
+    assert type(layer) is llama_liger.LigerLlamaDecoderLayer
+    # The norms it fuses, each the kernel's twin; the model's last norm stays flax's.
+    assert type(layer.input_layernorm) is type(layer.post_attention_layernorm) is liger_nnx.RMSNorm
+    assert type(fused_only.norm) is nnx.RMSNorm
     for model in (unfused, fused_only):
         actual = _loss_and_grads(model, tokens, labels)
         jax.tree.map(lambda a, e: harness.assert_close(a, e, jnp.float32), actual, expected)

@@ -101,16 +101,19 @@ class RMSNorm(nn.RMSNorm):
 class FusedAddRMSNorm(RMSNorm):
     """Liger's ``LigerFusedAddRMSNorm``: :class:`RMSNorm`'s fields and ``scale`` param, called on a block's output
     and the residual stream, ``y, s = norm(x, residual)`` with ``s = x + residual`` (the next residual, in x's
-    dtype) and ``y = RMSNorm(s)``. Where flax's promotion keeps x's dtype, one kernel computes both
-    (:func:`liger_jax.fused_add_rms_norm`); otherwise the add and the norm, as flax computes them."""
+    dtype; x itself where residual is None) and ``y = RMSNorm(s)``. Where flax's promotion keeps x's dtype, one
+    kernel computes both (:func:`liger_jax.fused_add_rms_norm`); otherwise the add and the norm, as flax computes
+    them."""
 
     @nn.compact
-    def __call__(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:  # type: ignore[override]
+    def __call__(  # type: ignore[override]
+        self, x: jax.Array, residual: jax.Array | None
+    ) -> tuple[jax.Array, jax.Array]:
         """``(y, s)``: y ``x``'s shape in flax's output dtype, s in x's; residual must match x's shape and dtype."""
         _options.check_normalization(type(self).__name__, self, x.ndim, None)
         scale, out_dtype = self._scale_and_output_dtype(x)
         if jnp.promote_types(x.dtype, out_dtype) != x.dtype:
-            total = x + residual
+            total = x if residual is None else x + residual
             return self._normalize(total, scale, out_dtype), total
         y, total = fused_add_rms_norm(x, residual, scale, **self._kernel_options())
         return y.astype(out_dtype), total

@@ -104,15 +104,15 @@ class RMSNorm(nnx.RMSNorm):
             epsilon=self.epsilon, offset=self.offset, casting_mode=self.casting_mode, implementation=self.implementation
         )
 
-    def fused_add(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(y, s)``: ``s = x + residual`` in x's dtype (x and residual ``[..., num_features]`` of one dtype) and
-        ``y`` this norm of ``s``. Where flax's promotion keeps x's dtype (``dtype`` unset or x's, params no wider), one
-        kernel computes both (:func:`liger_jax.fused_add_rms_norm`): a pre-norm block's residual add and the norm
-        after it, whose backward adds the cotangent of ``s`` inside the norm's kernel instead of in a pass of its
-        own; otherwise the add and this norm, as flax computes them."""
+    def fused_add(self, x: jax.Array, residual: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        """``(y, s)``: ``s = x + residual`` in x's dtype (x and residual ``[..., num_features]`` of one dtype; ``s``
+        is x itself where residual is None) and ``y`` this norm of ``s``. Where flax's promotion keeps x's dtype
+        (``dtype`` unset or x's, params no wider), one kernel computes both (:func:`liger_jax.fused_add_rms_norm`):
+        a pre-norm block's residual add and the norm after it, whose backward adds the cotangent of ``s`` inside the
+        norm's kernel instead of in a pass of its own; otherwise the add and this norm, as flax computes them."""
         scale = self.scale[...] if self.scale is not None else None
         if self.promote_dtype((x, scale), dtype=self.dtype)[0].dtype != x.dtype:
-            total = x + residual
+            total = x if residual is None else x + residual
             return RMSNorm.__call__(self, total), total
         _options.check_normalization(type(self).__name__, self, x.ndim, None)
         scale = jnp.ones(x.shape[-1:], x.dtype) if scale is None else scale.astype(x.dtype)

@@ -53,27 +53,39 @@ class LigerLMHead(LMHead):
 class LigerLlamaDecoderLayer(LlamaDecoderLayer):
     """:class:`LlamaDecoderLayer` whose residual add after the attention and the RMSNorm before the MLP are one
     kernel (:meth:`liger_jax.flax_layers.nnx.RMSNorm.fused_add`): the add's pass is saved, and the backward adds the
-    residual's cotangent inside the norm's kernel. The same submodules and Params; the same values."""
+    residual's cotangent inside the norm's kernel. The input norm passes the layer's input on as the residual
+    (``fused_add`` without a residual), so its backward adds the residual stream's cotangent inside its kernel too.
+    The same submodules and Params; the same values."""
 
-    def __init__(self, layer: LlamaDecoderLayer, post_attention_layernorm: liger_nnx.RMSNorm):
-        self.input_layernorm = layer.input_layernorm
+    def __init__(
+        self,
+        layer: LlamaDecoderLayer,
+        input_layernorm: liger_nnx.RMSNorm,
+        post_attention_layernorm: liger_nnx.RMSNorm,
+    ):
+        self.input_layernorm = input_layernorm
         self.self_attn = layer.self_attn
         self.post_attention_layernorm = post_attention_layernorm
         self.mlp = layer.mlp
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """``x [B, S, H]`` → ``[B, S, H]``, as :meth:`LlamaDecoderLayer.__call__`."""
-        attention = self.self_attn(self.input_layernorm(x), positions)
+        normed, x = self.input_layernorm.fused_add(x, None)
+        attention = self.self_attn(normed, positions)
         normed, x = self.post_attention_layernorm.fused_add(attention, x)
         return x + self.mlp(normed)
 
 
 def _layer(module: LlamaDecoderLayer, implementation):
-    # The norm is liger's already where the rms_norm swap is on (children are swapped first); else its twin.
-    norm = module.post_attention_layernorm
-    if not isinstance(norm, liger_nnx.RMSNorm):
-        norm = swapped_or_none(norm, implementation, kind="rms_norm")
-    return LigerLlamaDecoderLayer(module, norm) if isinstance(norm, liger_nnx.RMSNorm) else None
+    # The norms are liger's already where the rms_norm swap is on (children are swapped first); else their twins.
+    norms = []
+    for norm in (module.input_layernorm, module.post_attention_layernorm):
+        if not isinstance(norm, liger_nnx.RMSNorm):
+            norm = swapped_or_none(norm, implementation, kind="rms_norm")
+        if not isinstance(norm, liger_nnx.RMSNorm):
+            return None
+        norms.append(norm)
+    return LigerLlamaDecoderLayer(module, *norms)
 
 
 def _rope(module: RotaryEmbedding, implementation):

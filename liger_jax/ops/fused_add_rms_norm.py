@@ -11,11 +11,12 @@ from liger_jax.ops import _checks, _dispatch
 from liger_jax.ops._numerics import rounded
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 from liger_jax.ops.rms_norm import _CASTING_CODES, CastingMode, rms_norm_reference
+from liger_jax.ops.rms_norm import _forward_launcher as _rms_norm_forward
 
 
 def fused_add_rms_norm(
     x: jax.Array,
-    residual: jax.Array,
+    residual: jax.Array | None,
     scale: jax.Array,
     *,
     epsilon: float = 1e-6,
@@ -30,7 +31,9 @@ def fused_add_rms_norm(
         y = \frac{s}{\sqrt{\mathrm{mean}(s^2) + \epsilon}} \cdot (\mathrm{offset} + \mathrm{scale})
 
     One kernel reads ``x`` and ``residual`` once and writes both ``y`` and ``s``, instead of an add that writes
-    ``s`` and a norm that reads it back.
+    ``s`` and a norm that reads it back. With ``residual`` None there is no add: ``s`` is ``x`` itself, as for a
+    pre-norm block's first norm, whose input is also the residual stream; the backward still adds the cotangent
+    of ``s`` inside the norm's kernel, instead of in an add of its own.
 
     Numerics: ``s`` is ``x + residual`` rounded to ``x.dtype`` (the native add), and ``y`` is exactly
     ``rms_norm(s, scale, epsilon=epsilon, offset=offset, casting_mode=casting_mode)`` (see
@@ -41,7 +44,7 @@ def fused_add_rms_norm(
     Args:
         x: ``[..., D]`` float32, bfloat16 or float16 (float64 too under ``"xla"``), rank ≥ 1; each leading
             index is one row.
-        residual: the same shape and dtype as ``x``.
+        residual: the same shape and dtype as ``x``, or None (``s = x``).
         scale: ``[D]``, any of those float dtypes; dscale comes back in it.
         epsilon: added to ``mean(s²)``.
         offset: added to ``scale`` (1.0 for Gemma's ``(1 + w)`` weights).
@@ -51,7 +54,8 @@ def fused_add_rms_norm(
 
     Returns:
         ``(y, s)``: the normalised sum and the sum itself, both ``[..., D]`` of ``x.dtype``; ``s`` is the next
-        block's residual.
+        block's residual (``x`` itself when ``residual`` is None). Gradients: ``x`` and ``residual`` each get
+        ``ds``, the cotangent of ``s`` plus RMSNorm's backward at ``s``.
 
     Raises:
         TypeError: x, residual or scale is not floating point, or residual's dtype differs from x's.
@@ -62,11 +66,12 @@ def fused_add_rms_norm(
     """
     implementation = _dispatch.resolve(implementation, "fused_add_rms_norm", np.size(x), _dispatch.row_length(x))
     _checks.check_floating("x", x, implementation)
-    _checks.check_floating("residual", residual, implementation)
     _checks.check_floating("scale", scale, implementation)
     _checks.check_min_rank("x", x, 1)
-    _checks.check_shape("residual", residual, x.shape, "the shape of x")
-    _checks.check_dtype("residual", residual, x.dtype, "the dtype of x")
+    if residual is not None:
+        _checks.check_floating("residual", residual, implementation)
+        _checks.check_shape("residual", residual, x.shape, "the shape of x")
+        _checks.check_dtype("residual", residual, x.dtype, "the dtype of x")
     _checks.check_shape("scale", scale, x.shape[-1:], "the last axis of x")
     _checks.check_choice("casting_mode", casting_mode, tuple(_CASTING_CODES))
     if implementation == "xla":
@@ -75,12 +80,15 @@ def fused_add_rms_norm(
         )
     if x.size == 0:
         return jnp.zeros_like(x), jnp.zeros_like(x)
-    return _fused_add_rms_norm(x, residual, scale, float(epsilon), float(offset), casting_mode, implementation)
+    settings = (float(epsilon), float(offset), casting_mode, implementation)
+    if residual is None:
+        return _rms_norm_passing_input(x, scale, *settings)
+    return _fused_add_rms_norm(x, residual, scale, *settings)
 
 
 def fused_add_rms_norm_reference(
     x: jax.Array,
-    residual: jax.Array,
+    residual: jax.Array | None,
     scale: jax.Array,
     *,
     epsilon: float = 1e-6,
@@ -98,7 +106,10 @@ def fused_add_rms_norm_reference(
     """
     rounding_dtype = x.dtype if rounding_dtype is None else rounding_dtype
     compute = jnp.promote_types(x.dtype, jnp.float32)
-    total = rounded(x.astype(compute) + residual.astype(compute), rounding_dtype).astype(x.dtype)
+    if residual is None:
+        total = x
+    else:
+        total = rounded(x.astype(compute) + residual.astype(compute), rounding_dtype).astype(x.dtype)
     normed = rms_norm_reference(
         total, scale, epsilon=epsilon, offset=offset, casting_mode=casting_mode, rounding_dtype=rounding_dtype
     )
@@ -125,6 +136,25 @@ def _fused_add_rms_norm_bwd(epsilon, offset, casting_mode, implementation, resid
 
 
 _fused_add_rms_norm.defvjp(_fused_add_rms_norm_fwd, _fused_add_rms_norm_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _rms_norm_passing_input(x, scale, epsilon, offset, casting_mode, implementation):
+    normed, _ = _rms_norm_forward(epsilon, offset, casting_mode, implementation)(x, scale)
+    return normed, x
+
+
+def _rms_norm_passing_input_fwd(x, scale, epsilon, offset, casting_mode, implementation):
+    normed, rstd = _rms_norm_forward(epsilon, offset, casting_mode, implementation)(x, scale)
+    return (normed, x), (x, scale, rstd)
+
+
+def _rms_norm_passing_input_bwd(epsilon, offset, casting_mode, implementation, residuals, cotangents):
+    dx, _, dscale = _fused_add_rms_norm_bwd(epsilon, offset, casting_mode, implementation, residuals, cotangents)
+    return dx, dscale
+
+
+_rms_norm_passing_input.defvjp(_rms_norm_passing_input_fwd, _rms_norm_passing_input_bwd)
 
 
 def _forward(epsilon, offset, casting_mode, implementation):
