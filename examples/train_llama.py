@@ -136,15 +136,15 @@ def op_implementations(config: LlamaConfig, args: argparse.Namespace) -> dict[st
     """The implementation each swapped op runs at this run's shapes: ``--implementation``, or the default with the
     size rule (:mod:`liger_jax.ops._dispatch`) applied to the whole batch's operands; ``--keep`` ops left out."""
     tokens = args.batch_size * args.seq_len
-    elements = {
-        "rms_norm": tokens * config.hidden_size,
-        "swiglu": tokens * config.intermediate_size,
-        "rope": tokens * (config.num_heads + config.num_kv_heads) * config.head_dim,
-        "fused_linear_cross_entropy": tokens * config.vocab_size,
+    row_op = (tokens * config.hidden_size, config.hidden_size)
+    sizes = {  # (elements, row length) as _dispatch.resolve counts them
+        "rms_norm": row_op,
+        "fused_add_rms_norm": row_op,
+        "swiglu": (tokens * config.intermediate_size, 0),
+        "rope": (tokens * (config.num_heads + config.num_kv_heads) * config.head_dim, 0),
+        "fused_linear_cross_entropy": (tokens * config.vocab_size, 0),
     }
-    return {
-        op: _dispatch.resolve(args.implementation, op, size) for op, size in elements.items() if op not in args.keep
-    }
+    return {op: _dispatch.resolve(args.implementation, op, *size) for op, size in sizes.items() if op not in args.keep}
 
 
 def evaluation_loss(graphdef, state: training.TrainState, tokens: np.ndarray, args: argparse.Namespace) -> float:

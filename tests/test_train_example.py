@@ -35,7 +35,7 @@ def test_example_trains_and_reports(tmp_path, liger):
         expected = summary["implementation"]
         if expected == "triton" and not os.environ.get("LIGER_JAX_IMPLEMENTATION"):
             expected = "xla"
-        ops = ("rms_norm", "swiglu", "rope", "fused_linear_cross_entropy")
+        ops = ("rms_norm", "fused_add_rms_norm", "swiglu", "rope", "fused_linear_cross_entropy")
         assert summary["op_implementations"] == dict.fromkeys(ops, expected)
         assert summary["sample"].startswith("Alice ") and len(summary["sample"]) > len("Alice ")
     for line in ("tokens/s (compile excluded):", "peak device memory:", "loss:"):
@@ -48,7 +48,7 @@ def test_example_keeps_the_kinds_it_is_told_to(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["kept"] == ["rope", "swiglu"]
     assert summary["swapped"]["rope"] == summary["swapped"]["swiglu"] == 0 and summary["swapped"]["rms_norm"] == 9
-    assert set(summary["op_implementations"]) == {"rms_norm", "fused_linear_cross_entropy"}
+    assert set(summary["op_implementations"]) == {"rms_norm", "fused_add_rms_norm", "fused_linear_cross_entropy"}
 
 
 @pytest.mark.parametrize(
