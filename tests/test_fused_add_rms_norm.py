@@ -76,6 +76,28 @@ def test_without_residual_is_rms_norm_passing_its_input_on(implementation):
 
 
 @pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
+def test_per_example_gradients_without_residual_under_vmap(implementation):
+    x = harness.random_normal(45, (3, 6, 40), jnp.float32)
+    scales = harness.random_normal(46, (3, 40), jnp.float32)
+
+    def loss(op):
+        def per_example(scale, x):
+            normed, total = op(x, None, scale)
+            return jnp.sum(jnp.sin(normed) * total)
+
+        return per_example
+
+    def op(x, residual, scale):
+        return liger_jax.fused_add_rms_norm(x, residual, scale, implementation=implementation)
+
+    per_example = jax.jit(jax.vmap(jax.grad(loss(op), argnums=(0, 1))))(scales, x)
+    expected = jax.vmap(jax.grad(loss(liger_jax.fused_add_rms_norm_reference), argnums=(0, 1)))(
+        *harness.as_float64(scales, x)
+    )
+    harness.assert_close_trees(per_example, expected, jnp.float32)
+
+
+@pytest.mark.parametrize("implementation", harness.IMPLEMENTATIONS)
 def test_check_grads_without_residual_fp32(implementation):
     x, _, scale = _inputs(44, (9, 48), jnp.float32)
     check_grads(
