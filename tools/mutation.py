@@ -82,7 +82,14 @@ TARGETS: dict[str, Target] = {
         (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla"),
     ),
     "liger_jax/ops/fused_add_rms_norm.py": Target(
-        ("_fused_add_rms_norm_fwd", "_fused_add_rms_norm_bwd", "_backward"),
+        (
+            "_fused_add_rms_norm_fwd",
+            "_fused_add_rms_norm_bwd",
+            "_rms_norm_passing_input_fwd",
+            "_rms_norm_passing_input_bwd",
+            "_forward",
+            "_backward",
+        ),
         (*_ROW_NORM_TESTS, "tests/test_fused_add_rms_norm.py", "-k", "not xla"),
     ),
     "liger_jax/kernels/divergence.py": Target(None, _DIVERGENCE_TESTS),
