@@ -272,6 +272,7 @@ def launches(case: Case, override: TilingOverride | None) -> list[Launch]:
     def record(kernel, *args, out_shape, grid, implementation, num_warps=4, num_stages=1, **options):
         del grid, implementation
         options.pop("input_output_aliases", None)
+        options.pop("zeroed_outputs", None)
         single = isinstance(out_shape, jax.ShapeDtypeStruct)
         outs = (out_shape,) if single else tuple(out_shape)
         names = [name for name in _parameters(kernel) if name not in options]

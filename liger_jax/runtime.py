@@ -123,6 +123,7 @@ def launch(
     num_warps: int = 4,
     num_stages: int = 1,
     input_output_aliases: Mapping[int, int] | None = None,
+    zeroed_outputs: Sequence[int] = (),
     **constexprs: Any,
 ) -> Any:
     """Launches a ``@triton.jit`` kernel on JAX arrays.
@@ -142,12 +143,14 @@ def launch(
         input_output_aliases: ``{input_index: output_index}`` for inputs that are dead after the call, so the
             output reuses their buffer (the input index counts only array arguments, as jax-triton 0.3 does; with
             jax-triton 0.4 the output gets a buffer of its own). The output still gets its own kernel parameter.
+        zeroed_outputs: indices of outputs set to zero before the kernel runs (counters its programs add to).
         **constexprs: the kernel's constexpr parameters.
 
     Returns:
-        One array, or a tuple of arrays matching ``out_shape``. Under ``"interpret"`` floating outputs start as NaN
-        (integer outputs as the dtype's max), so an element the kernel never writes shows up in tests, and a store
-        past either end of an output fails the call (its results come back NaN, the reason on stderr).
+        One array, or a tuple of arrays matching ``out_shape``. Under ``"interpret"`` floating outputs not in
+        ``zeroed_outputs`` start as NaN (integer outputs as the dtype's max), so an element the kernel never writes
+        shows up in tests, and a store past either end of an output fails the call (its results come back NaN, the
+        reason on stderr).
     """
     for arg in args:
         if isinstance(arg, float):
@@ -156,16 +159,19 @@ def launch(
     if not 1 <= len(grid) <= 3 or min(grid) < 1:
         raise ValueError(f"grid must be 1 to 3 positive ints, got {grid}")
     aliases = dict(input_output_aliases or {})
+    zeroed = tuple(int(i) for i in zeroed_outputs)
     single = isinstance(out_shape, jax.ShapeDtypeStruct)
     out_shapes = (out_shape,) if single else tuple(out_shape)
+    if any(not 0 <= i < len(out_shapes) for i in zeroed) or set(zeroed) & set(aliases.values()):
+        raise ValueError(f"zeroed_outputs must index outputs that alias no input, got {zeroed}")
     # Inside shard_map: operands and results vary over the same manual axes (see liger_jax._manual_axes).
     varying = _manual_axes.union_of([arg for arg in args if isinstance(arg, jax.Array)])
     args = tuple(_manual_axes.cast_to_varying(arg, varying) if isinstance(arg, jax.Array) else arg for arg in args)
     match implementation:
         case "triton":
-            outputs = _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs)
+            outputs = _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, zeroed, constexprs)
         case "interpret":
-            outputs = _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs)
+            outputs = _launch_interpreted(kernel, args, out_shapes, grid, aliases, zeroed, constexprs)
         case _:
             raise ValueError(f"launch runs 'triton' or 'interpret' kernels, got implementation={implementation!r}")
     outputs = [_manual_axes.cast_to_varying(_manual_axes.on_context_mesh(output), varying) for output in outputs]
@@ -208,7 +214,7 @@ def _kernel_aliases(aliases: dict[int, int]) -> dict[int, int]:
     return aliases if _out_shape_keyword() == "out_shape" else {}
 
 
-def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, constexprs):
+def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliases, zeroed, constexprs):
     jax_triton = _jax_triton()
 
     _triton_ffi.install()  # jax-triton 0.3's legacy custom call cannot join XLA's command buffers
@@ -220,13 +226,14 @@ def _launch_triton(kernel, args, out_shapes, grid, num_warps, num_stages, aliase
         num_warps=num_warps,
         num_stages=num_stages,
         input_output_aliases=_kernel_aliases(aliases),
+        zeroed_outputs=zeroed,
         **{_out_shape_keyword(): list(out_shapes)},
         **constexprs,
     )
     return tuple(outputs)
 
 
-def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
+def _launch_interpreted(kernel, args, out_shapes, grid, aliases, zeroed, constexprs):
     from triton.runtime.interpreter import InterpretedFunction
 
     _round_bfloat16_to_nearest_even()
@@ -244,6 +251,8 @@ def _launch_interpreted(kernel, args, out_shapes, grid, aliases, constexprs):
         outputs = [output.array for output in guarded]
         for input_index, output_index in aliases.items():
             outputs[output_index][...] = host_arrays[input_index]
+        for output_index in zeroed:
+            outputs[output_index][...] = 0
         kernel_args = list(args)
         for position, array in zip(array_positions, host_arrays, strict=True):
             kernel_args[position] = _HostTensor(np.asarray(array))

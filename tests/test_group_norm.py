@@ -8,14 +8,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 from flax import linen as nn
 from flax import nnx
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax import runtime
 from liger_jax.flax_layers import apply_liger, liger_intercept
 from liger_jax.flax_layers import linen as liger_linen
 from liger_jax.flax_layers import nnx as liger_nnx
+from liger_jax.kernels import group_norm as group_norm_kernels
 from liger_jax.ops import _tiling
 from liger_jax.ops import group_norm as group_norm_op
 from tests import harness
@@ -110,8 +114,27 @@ def test_check_grads_fp32_kernel_and_float64_reference():
         ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=5)),
         # Two splits of a second block of 32 groups of which 8 exist.
         ((2, 11, 120), 40, _tiling.TilingOverride(token_splits=2)),
+        # Both passes in one ordered launch: the least lag (the splits: the unit's last statistics item just before
+        # its first output item), a lag past the splits, every statistics item first, a partial block.
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=8, token_splits=3, split_lag=1)),
+        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=10, split_lag=13)),
+        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=5, split_lag=1 << 20)),
+        ((2, 11, 120), 40, _tiling.TilingOverride(token_splits=2, split_lag=3)),
+        ((2, 11, 60), 5, _tiling.TilingOverride(block_d=16, token_splits=2, split_lag=2)),
     ],
-    ids=["chunks", "one_token_chunks", "split_runs", "split_chunks", "split_tokens", "split_partial_block"],
+    ids=[
+        "chunks",
+        "one_token_chunks",
+        "split_runs",
+        "split_chunks",
+        "split_tokens",
+        "split_partial_block",
+        "ordered_least_lag",
+        "ordered_lag",
+        "ordered_statistics_first",
+        "ordered_partial_block",
+        "ordered_last_block_one_group",
+    ],
 )
 def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, override):
     primals = _inputs(11, shape, jnp.float32)
@@ -120,6 +143,7 @@ def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, ove
         tiling = group_norm_op.group_tiling(shape[1], shape[2], num_groups, override)
         assert tiling.block_s < shape[1] and tiling.grid(shape[0], num_groups)[1] > 1
         assert tiling.token_splits == (override.token_splits or 1)
+        assert tiling.split_lag == (max(override.split_lag, tiling.token_splits) if override.split_lag else None)
         _assert_vjp_matches_reference(
             _op(harness.KERNEL_IMPLEMENTATION, num_groups), _reference(num_groups), primals, cotangent, jnp.float32
         )
@@ -237,6 +261,71 @@ def test_token_splits_share_out_whole_chunks_and_leave_no_run_empty(n_tokens, sp
         (tiling.token_splits - 1) * tiling.tokens_per_split < n_tokens <= tiling.token_splits * tiling.tokens_per_split
     )
     assert tiling.token_splits <= splits and tiling.grid(2, 32)[2] == tiling.token_splits
+
+
+@triton.jit
+def _record_ordered_items(work_ptr, SPLITS: tl.constexpr, LAG: tl.constexpr):
+    # Program i stands for the program that draws ticket i.
+    is_statistics, unit, split = group_norm_kernels._ordered_item(tl.program_id(0), SPLITS, LAG)
+    row = work_ptr + tl.program_id(0) * 3
+    tl.store(row, is_statistics.to(tl.int32))
+    tl.store(row + 1, unit)
+    tl.store(row + 2, split)
+
+
+@pytest.mark.parametrize(
+    ("units", "splits", "lag"), [(1, 1, 1), (3, 2, 2), (5, 3, 3), (4, 4, 1000), (7, 2, 5), (6, 3, 4), (2, 5, 9)]
+)
+def test_ordered_launch_takes_each_item_once_after_its_units_statistics(units, splits, lag):
+    n_items = units * splits
+    work = runtime.launch(
+        _record_ordered_items,
+        out_shape=jax.ShapeDtypeStruct((2 * n_items, 3), jnp.int32),
+        grid=(2 * n_items,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        SPLITS=splits,
+        LAG=lag,
+    )
+    work = [tuple(int(v) for v in row) for row in np.asarray(work)]
+    assert sorted(work) == sorted((phase, u, s) for phase in (0, 1) for u in range(units) for s in range(splits))
+    for ticket, (is_statistics, unit, split) in enumerate(work):
+        if not is_statistics:
+            before = work[:ticket]
+            assert all((1, unit, s) in before for s in range(splits))
+            # Statistics item i + lag comes before output item i (i = unit · splits + split), none after it.
+            statistics_before = sum(item[0] for item in before)
+            assert statistics_before == min(n_items, unit * splits + split + min(lag, n_items) + 1)
+
+
+def test_ordered_launches_draw_every_ticket_once_and_count_every_arrival(monkeypatch):
+    # A program that counted twice, or a wait that counted itself, would let output items start early on a GPU (the
+    # interpreter runs items in ticket order, so the values would not show it): check the counters themselves.
+    counters = []
+    launch = runtime.launch
+
+    def spy(kernel, *args, **settings):
+        outputs = launch(kernel, *args, **settings)
+        if kernel.__name__.startswith("group_norm_ordered_"):
+            expected = (settings["grid"][0], settings["SPLITS"])
+            jax.debug.callback(lambda *c: counters.append((expected, *map(np.asarray, c))), *outputs[-2:])
+        return outputs
+
+    monkeypatch.setattr(runtime, "launch", spy)
+    primals = _inputs(21, (3, 23, 48), jnp.float32)
+    override = _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=3, split_lag=5)
+    with _tiling.overridden(override):
+        _, vjp = jax.vjp(_op(harness.KERNEL_IMPLEMENTATION, 6), *primals)
+        jax.block_until_ready(vjp(harness.random_normal(22, (3, 23, 48), jnp.float32)))
+    assert len(counters) == 2  # the forward's launch and the backward's
+    for (programs, splits), tickets, arrivals in counters:
+        assert tickets.tolist() == [programs]
+        assert arrivals.tolist() == [splits] * (programs // (2 * splits))
+
+
+@pytest.mark.parametrize(("splits", "lag", "expected"), [(2, None, None), (2, 1, 2), (4, 132, 132), (1, 132, None)])
+def test_split_lag_is_at_least_the_splits_and_needs_them(splits, lag, expected):
+    override = _tiling.TilingOverride(token_splits=splits, split_lag=lag)
+    assert group_norm_op.group_tiling(4096, 512, 32, override).split_lag == expected
 
 
 class _Model(nnx.Module):

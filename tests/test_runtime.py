@@ -1,4 +1,5 @@
-"""The launch layer: implementation choice, clear errors, poisoned outputs, guarded outputs, aliasing, bf16 rounding."""
+"""The launch layer: implementation choice, clear errors, poisoned outputs, guarded outputs, aliasing, zeroed
+outputs, bf16 rounding."""
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,14 @@ def _fill_range(start, stop, y_ptr, BLOCK: tl.constexpr):
     """Stores 1 at y[start:stop] (start may be negative, stop past the end: no bounds of y are checked)."""
     offsets = start + tl.arange(0, BLOCK)
     tl.store(y_ptr + offsets, tl.full((BLOCK,), 1.0, tl.float32), mask=offsets < stop)
+
+
+@triton.jit
+def _count_programs(count_ptr, last_ptr):
+    """Adds 1 per program to count[0]; last[0] gets the count the last program saw (the grid's size - 1)."""
+    seen = tl.atomic_add(count_ptr, 1)
+    if seen == tl.num_programs(0) - 1:
+        tl.store(last_ptr, seen)
 
 
 def _launch_copy(x, n):
@@ -88,6 +97,31 @@ def test_aliased_output_reuses_the_input_values():
         BLOCK=16,
     )
     np.testing.assert_allclose(y, 3.0 * np.asarray(x), rtol=1e-6)
+
+
+def test_zeroed_outputs_start_at_zero():
+    ints = jax.ShapeDtypeStruct((1,), jnp.int32)
+    count, last = runtime.launch(
+        _count_programs, out_shape=[ints, ints], zeroed_outputs=(0,), grid=(5,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+    )  # fmt: skip
+    assert (int(count[0]), int(last[0])) == (5, 4)
+
+
+@pytest.mark.parametrize(("zeroed", "aliases"), [((2,), None), ((-1,), None), ((0,), {0: 0})])
+def test_zeroed_outputs_must_name_unaliased_outputs(zeroed, aliases):
+    with pytest.raises(ValueError, match="zeroed_outputs"):
+        runtime.launch(
+            _scale_in_place,
+            jnp.ones(16),
+            out_shape=[jax.ShapeDtypeStruct((16,), jnp.float32)] * 2,
+            grid=(1,),
+            implementation=harness.KERNEL_IMPLEMENTATION,
+            input_output_aliases=aliases,
+            zeroed_outputs=zeroed,
+            factor=1.0,
+            BLOCK=16,
+        )
 
 
 def test_bfloat16_stores_round_to_nearest_even():

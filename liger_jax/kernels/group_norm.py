@@ -21,7 +21,11 @@ pass is a launch of its own (programs of the whole grid cannot wait for one anot
 stores each split's group means and centred sums of squares, ``group_norm_split_fwd`` merges them (Chan et al. again)
 and writes its run's y; ``group_norm_split_sums`` stores each split's per-channel sums, ``group_norm_split_bwd`` adds
 them and writes its run's dx. The second launches take their programs in reverse order, so the runs the first read
-last (the likeliest to be still in L2) come first.
+last (the likeliest to be still in L2) come first. Or both launches of a pass become one (``group_norm_ordered_fwd``
+and ``group_norm_ordered_bwd``, where the tiling sets a lag): its programs take the two launches' programs as items,
+in the order of a ticket each draws from an atomic count (so whatever an item waits for is held by a program already
+running); a unit's statistics items run LAG items ahead of its output items, so a run's second read follows its first
+while it is likely in L2, and an output item spins until all of its unit's statistics have arrived.
 """
 
 import triton
@@ -314,10 +318,13 @@ def _split_offsets(batch, columns, own, SPLITS: tl.constexpr, n_columns: tl.cons
 
 
 @triton.jit
-def group_norm_split_moments(
-    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's group means
-    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's centred sums of squares
+def _split_moments_item(
+    x_ptr,
+    split_mean_ptr,
+    split_squares_ptr,
+    batch,
+    block,
+    split,
     n_tokens: tl.constexpr,
     n_channels: tl.constexpr,
     n_groups: tl.constexpr,
@@ -328,8 +335,8 @@ def group_norm_split_moments(
     SPLITS: tl.constexpr,
     TOKENS_PER_SPLIT: tl.constexpr,
 ):
-    """Program (b, k, s) stores the mean and centred sum of squares of each of its groups over split s's tokens."""
-    batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Stores the mean and centred sum of squares of each group of block ``block`` of example ``batch`` over split
+    ``split``'s tokens."""
     membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
     channel_mean, channel_squares = _run_moments(
@@ -352,15 +359,18 @@ def group_norm_split_moments(
 
 
 @triton.jit
-def group_norm_split_fwd(
-    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    scale_ptr,  # [n_channels] scale.dtype
-    bias_ptr,  # [n_channels] bias.dtype
-    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
-    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
-    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    mean_ptr,  # [n_batch, n_groups] fp32
-    rstd_ptr,  # [n_batch, n_groups] fp32
+def _split_fwd_item(
+    x_ptr,
+    scale_ptr,
+    bias_ptr,
+    split_mean_ptr,
+    split_squares_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    batch,
+    block,
+    split,
     eps: tl.constexpr,
     n_tokens: tl.constexpr,
     n_channels: tl.constexpr,
@@ -371,16 +381,17 @@ def group_norm_split_fwd(
     BLOCK_C: tl.constexpr,
     SPLITS: tl.constexpr,
     TOKENS_PER_SPLIT: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+    SPLIT_BLOCK: tl.constexpr,
+    CACHE: tl.constexpr,
 ):
-    """Program (b, k, s) merges its groups' split moments into each group's mean and rstd (split 0 stores them)
-    and writes y of split s's tokens."""
-    batch, block, split = _reversed_programs()
+    """Merges the split moments of block ``block``'s groups of example ``batch`` into each group's mean and rstd
+    (split 0 stores them) and writes y of split ``split``'s tokens; the split moments are loaded with the cache
+    modifier CACHE."""
     membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
     offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)
-    split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0)
-    split_squares = tl.load(split_squares_ptr + offsets, mask=valid, other=0.0)
+    split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE)
+    split_squares = tl.load(split_squares_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE)
     # Chan et al. over the splits: the mean weighted by each split's tokens, the squares with each split's spread.
     first_tokens = tl.arange(0, SPLIT_BLOCK) * TOKENS_PER_SPLIT
     counts = tl.minimum(tl.maximum(n_tokens - first_tokens, 0), TOKENS_PER_SPLIT).to(tl.float32)[:, None]
@@ -410,6 +421,221 @@ def group_norm_split_fwd(
     if split == 0:
         _store_group_values(mean_ptr, mean, batch, block, n_groups, GROUPS_PER_BLOCK)
         _store_group_values(rstd_ptr, rstd, batch, block, n_groups, GROUPS_PER_BLOCK)
+
+
+@triton.jit
+def group_norm_split_moments(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's group means
+    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's centred sums of squares
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+):
+    """Program (b, k, s) stores the mean and centred sum of squares of each of its groups over split s's tokens."""
+    _split_moments_item(
+        x_ptr,
+        split_mean_ptr,
+        split_squares_ptr,
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        n_tokens,
+        n_channels,
+        n_groups,
+        GROUP_SIZE,
+        GROUPS_PER_BLOCK,
+        BLOCK_S,
+        BLOCK_C,
+        SPLITS,
+        TOKENS_PER_SPLIT,
+    )
+
+
+@triton.jit
+def group_norm_split_fwd(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    bias_ptr,  # [n_channels] bias.dtype
+    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
+    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: group_norm_split_moments'
+    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    eps: tl.constexpr,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+):
+    """Program (b, k, s) merges its groups' split moments into each group's mean and rstd (split 0 stores them)
+    and writes y of split s's tokens."""
+    batch, block, split = _reversed_programs()
+    _split_fwd_item(
+        x_ptr,
+        scale_ptr,
+        bias_ptr,
+        split_mean_ptr,
+        split_squares_ptr,
+        y_ptr,
+        mean_ptr,
+        rstd_ptr,
+        batch,
+        block,
+        split,
+        eps,
+        n_tokens,
+        n_channels,
+        n_groups,
+        GROUP_SIZE,
+        GROUPS_PER_BLOCK,
+        BLOCK_S,
+        BLOCK_C,
+        SPLITS,
+        TOKENS_PER_SPLIT,
+        SPLIT_BLOCK,
+        "",
+    )
+
+
+@triton.jit
+def _ticket(tickets_ptr):
+    """This program's place in an ordered launch: an atomic count, so every earlier place is held by a program
+    already running (whatever the order the GPU starts programs in)."""
+    return tl.atomic_add(tickets_ptr, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _ordered_item(ticket, SPLITS: tl.constexpr, LAG: tl.constexpr):
+    """The item at place ``ticket`` of a launch of 2 · n items (two per program of the grid's half):
+    (is_statistics, unit, split).
+
+    The first LAG places (LAG ≥ SPLITS; all n if fewer) are statistics items 0, 1, …; then statistics item i + LAG
+    and output item i alternate; then the output items left. Output item i's unit (i // SPLITS) has its SPLITS
+    statistics items among the places before it, the last of them LAG - SPLITS + 1 or more statistics items earlier."""
+    n_items = tl.num_programs(0) // 2
+    lag = tl.minimum(n_items, LAG)
+    paired = ticket - lag
+    alternating = (paired >= 0) & (paired < 2 * (n_items - lag))
+    is_statistics = (paired < 0) | (alternating & (paired % 2 == 0))
+    index = tl.where(
+        paired < 0, ticket, tl.where(alternating, tl.where(paired % 2 == 0, lag, 0) + paired // 2, ticket - n_items)
+    )
+    return is_statistics, index // SPLITS, index % SPLITS
+
+
+@triton.jit
+def _unit_position(unit, n_groups: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+    """(batch, block) of ``unit``, counted as a [n_batch, n_blocks] grid's programs."""
+    n_blocks: tl.constexpr = (n_groups + GROUPS_PER_BLOCK - 1) // GROUPS_PER_BLOCK
+    return unit // n_blocks, unit % n_blocks
+
+
+@triton.jit
+def _arrive(arrivals_ptr):
+    """Counts this program's statistics as stored, after every thread of it has stored its share."""
+    tl.debug_barrier()
+    tl.atomic_add(arrivals_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_for(arrivals_ptr, SPLITS: tl.constexpr):
+    """Spins until SPLITS programs have arrived at ``arrivals_ptr`` (see :func:`_arrive`)."""
+    arrived = tl.full((), 0, tl.int32)
+    while arrived < SPLITS:
+        arrived = tl.atomic_add(arrivals_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def group_norm_ordered_fwd(
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    bias_ptr,  # [n_channels] bias.dtype
+    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's group means
+    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's centred sums of squares
+    tickets_ptr,  # [1] int32, zeroed
+    arrivals_ptr,  # [n_batch · n_blocks] int32, zeroed: each unit's statistics items done
+    eps: tl.constexpr,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+    LAG: tl.constexpr,
+):
+    """One launch of both passes (grid: 2 · n_batch · n_blocks · SPLITS programs): a statistics item is
+    ``group_norm_split_moments``' program, an output item ``group_norm_split_fwd``'s once its unit's statistics have
+    all arrived. Items run in :func:`_ordered_item`'s order, so a run's second read follows its first closely
+    (L2)."""
+    is_statistics, unit, split = _ordered_item(_ticket(tickets_ptr), SPLITS, LAG)
+    batch, block = _unit_position(unit, n_groups, GROUPS_PER_BLOCK)
+    if is_statistics:
+        _split_moments_item(
+            x_ptr,
+            split_mean_ptr,
+            split_squares_ptr,
+            batch,
+            block,
+            split,
+            n_tokens,
+            n_channels,
+            n_groups,
+            GROUP_SIZE,
+            GROUPS_PER_BLOCK,
+            BLOCK_S,
+            BLOCK_C,
+            SPLITS,
+            TOKENS_PER_SPLIT,
+        )
+        _arrive(arrivals_ptr + unit)
+    else:
+        _wait_for(arrivals_ptr + unit, SPLITS)
+        # Past L1 (.cg): a line of split moments read earlier on this multiprocessor, for another unit, may be stale.
+        _split_fwd_item(
+            x_ptr,
+            scale_ptr,
+            bias_ptr,
+            split_mean_ptr,
+            split_squares_ptr,
+            y_ptr,
+            mean_ptr,
+            rstd_ptr,
+            batch,
+            block,
+            split,
+            eps,
+            n_tokens,
+            n_channels,
+            n_groups,
+            GROUP_SIZE,
+            GROUPS_PER_BLOCK,
+            BLOCK_S,
+            BLOCK_C,
+            SPLITS,
+            TOKENS_PER_SPLIT,
+            SPLIT_BLOCK,
+            ".cg",
+        )
 
 
 @triton.jit
@@ -589,13 +815,16 @@ def group_norm_bwd(
 
 
 @triton.jit
-def group_norm_split_sums(
-    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    mean_ptr,  # [n_batch, n_groups] fp32
-    rstd_ptr,  # [n_batch, n_groups] fp32
-    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy · x̂
-    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy
+def _split_sums_item(
+    dy_ptr,
+    x_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dscale_partial_ptr,
+    dbias_partial_ptr,
+    batch,
+    block,
+    split,
     n_tokens: tl.constexpr,
     n_channels: tl.constexpr,
     n_groups: tl.constexpr,
@@ -606,9 +835,8 @@ def group_norm_split_sums(
     SPLITS: tl.constexpr,
     TOKENS_PER_SPLIT: tl.constexpr,
 ):
-    """Program (b, k, s) stores its channels' Σ dy · x̂ and Σ dy over split s's tokens: dscale's and dbias's
-    partials (XLA adds them) and the sums dx needs."""
-    batch, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Stores the Σ dy · x̂ and Σ dy of block ``block``'s channels of example ``batch`` over split ``split``'s
+    tokens."""
     membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
     mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
     first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
@@ -630,6 +858,104 @@ def group_norm_split_sums(
     )
     row = batch * SPLITS + split
     _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, row, channels, own, n_channels)
+
+
+@triton.jit
+def _split_bwd_item(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dscale_partial_ptr,
+    dbias_partial_ptr,
+    dx_ptr,
+    batch,
+    block,
+    split,
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+    CACHE: tl.constexpr,
+):
+    """Adds the split sums of block ``block``'s channels of example ``batch`` (loaded with the cache modifier CACHE)
+    and writes dx of split ``split``'s tokens (see ``_store_dx``)."""
+    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
+    scale = _load_channels(scale_ptr, channels, n_channels)
+    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
+    offsets, valid = _split_offsets(batch, channels, own, SPLITS, n_channels, SPLIT_BLOCK)
+    sum_dy_xhat = tl.sum(tl.load(dscale_partial_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE), axis=0)
+    sum_dy = tl.sum(tl.load(dbias_partial_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE), axis=0)
+    mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, n_tokens * GROUP_SIZE)
+    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
+    _store_run_dx(
+        dy_ptr,
+        x_ptr,
+        mean,
+        rstd,
+        scale,
+        mean_dy_xhat,
+        mean_dy,
+        dx_ptr,
+        batch,
+        first_token,
+        count,
+        channels,
+        own,
+        n_tokens,
+        n_channels,
+        BLOCK_S,
+        TOKENS_PER_SPLIT // BLOCK_S,
+    )
+
+
+@triton.jit
+def group_norm_split_sums(
+    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy · x̂
+    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+):
+    """Program (b, k, s) stores its channels' Σ dy · x̂ and Σ dy over split s's tokens: dscale's and dbias's
+    partials (XLA adds them) and the sums dx needs."""
+    _split_sums_item(
+        dy_ptr,
+        x_ptr,
+        mean_ptr,
+        rstd_ptr,
+        dscale_partial_ptr,
+        dbias_partial_ptr,
+        tl.program_id(0),
+        tl.program_id(1),
+        tl.program_id(2),
+        n_tokens,
+        n_channels,
+        n_groups,
+        GROUP_SIZE,
+        GROUPS_PER_BLOCK,
+        BLOCK_S,
+        BLOCK_C,
+        SPLITS,
+        TOKENS_PER_SPLIT,
+    )
 
 
 @triton.jit
@@ -655,30 +981,106 @@ def group_norm_split_bwd(
 ):
     """Program (b, k, s) adds its channels' split sums and writes dx of split s's tokens (see ``_store_dx``)."""
     batch, block, split = _reversed_programs()
-    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    scale = _load_channels(scale_ptr, channels, n_channels)
-    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
-    offsets, valid = _split_offsets(batch, channels, own, SPLITS, n_channels, SPLIT_BLOCK)
-    sum_dy_xhat = tl.sum(tl.load(dscale_partial_ptr + offsets, mask=valid, other=0.0), axis=0)
-    sum_dy = tl.sum(tl.load(dbias_partial_ptr + offsets, mask=valid, other=0.0), axis=0)
-    mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, n_tokens * GROUP_SIZE)
-    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
-    _store_run_dx(
+    _split_bwd_item(
         dy_ptr,
         x_ptr,
-        mean,
-        rstd,
-        scale,
-        mean_dy_xhat,
-        mean_dy,
+        scale_ptr,
+        mean_ptr,
+        rstd_ptr,
+        dscale_partial_ptr,
+        dbias_partial_ptr,
         dx_ptr,
         batch,
-        first_token,
-        count,
-        channels,
-        own,
+        block,
+        split,
         n_tokens,
         n_channels,
+        n_groups,
+        GROUP_SIZE,
+        GROUPS_PER_BLOCK,
         BLOCK_S,
-        TOKENS_PER_SPLIT // BLOCK_S,
+        BLOCK_C,
+        SPLITS,
+        TOKENS_PER_SPLIT,
+        SPLIT_BLOCK,
+        "",
     )
+
+
+@triton.jit
+def group_norm_ordered_bwd(
+    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    scale_ptr,  # [n_channels] scale.dtype
+    mean_ptr,  # [n_batch, n_groups] fp32
+    rstd_ptr,  # [n_batch, n_groups] fp32
+    dx_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
+    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy · x̂
+    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy
+    tickets_ptr,  # [1] int32, zeroed
+    arrivals_ptr,  # [n_batch · n_blocks] int32, zeroed: each unit's statistics items done
+    n_tokens: tl.constexpr,
+    n_channels: tl.constexpr,
+    n_groups: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SPLITS: tl.constexpr,
+    TOKENS_PER_SPLIT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
+    LAG: tl.constexpr,
+):
+    """The backward's two passes in one launch, as ``group_norm_ordered_fwd`` runs the forward's: a statistics item
+    is ``group_norm_split_sums``' program, an output item ``group_norm_split_bwd``'s."""
+    is_statistics, unit, split = _ordered_item(_ticket(tickets_ptr), SPLITS, LAG)
+    batch, block = _unit_position(unit, n_groups, GROUPS_PER_BLOCK)
+    if is_statistics:
+        _split_sums_item(
+            dy_ptr,
+            x_ptr,
+            mean_ptr,
+            rstd_ptr,
+            dscale_partial_ptr,
+            dbias_partial_ptr,
+            batch,
+            block,
+            split,
+            n_tokens,
+            n_channels,
+            n_groups,
+            GROUP_SIZE,
+            GROUPS_PER_BLOCK,
+            BLOCK_S,
+            BLOCK_C,
+            SPLITS,
+            TOKENS_PER_SPLIT,
+        )
+        _arrive(arrivals_ptr + unit)
+    else:
+        _wait_for(arrivals_ptr + unit, SPLITS)
+        # Past L1 (.cg), as in group_norm_ordered_fwd.
+        _split_bwd_item(
+            dy_ptr,
+            x_ptr,
+            scale_ptr,
+            mean_ptr,
+            rstd_ptr,
+            dscale_partial_ptr,
+            dbias_partial_ptr,
+            dx_ptr,
+            batch,
+            block,
+            split,
+            n_tokens,
+            n_channels,
+            n_groups,
+            GROUP_SIZE,
+            GROUPS_PER_BLOCK,
+            BLOCK_S,
+            BLOCK_C,
+            SPLITS,
+            TOKENS_PER_SPLIT,
+            SPLIT_BLOCK,
+            ".cg",
+        )

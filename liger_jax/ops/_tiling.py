@@ -116,6 +116,8 @@ class TilingOverride:
             (see :func:`column_splits`); any count ≥ 1.
         token_splits: programs that share each example's block of groups in GroupNorm's kernels, each taking a run
             of its tokens (see ``group_norm.group_tiling``); any count ≥ 1.
+        split_lag: with token splits, GroupNorm runs each pass as one launch whose statistics items run this many
+            items ahead of its output items (at least the splits; ``kernels.group_norm``) instead of two launches.
     """
 
     block_d: int | None = None
@@ -125,13 +127,14 @@ class TilingOverride:
     num_stages: int | None = None
     column_splits: int | None = None
     token_splits: int | None = None
+    split_lag: int | None = None
 
     def __post_init__(self):
         for name in ("block_d", "block_rows"):
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        for name in ("column_splits", "token_splits"):
+        for name in ("column_splits", "token_splits", "split_lag"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")

@@ -163,7 +163,8 @@ class GroupTiling:
     """How the kernels cut ``[n_batch, n_tokens, n_channels]``: ``token_splits`` programs per example and block of
     ``groups_per_block`` groups (``block_c`` channels, a power of two), each walking its run of
     ``tokens_per_split`` tokens ``block_s`` at a time (``num_stages`` software-pipelining stages). With one split a
-    pass is one launch; with more, two (``kernels.group_norm``)."""
+    pass is one launch; with more, two, or one whose statistics items run ``split_lag`` items ahead of its output
+    items where that is set (``kernels.group_norm``)."""
 
     groups_per_block: int
     block_c: int
@@ -172,6 +173,7 @@ class GroupTiling:
     num_stages: int
     token_splits: int
     tokens_per_split: int
+    split_lag: int | None = None
 
     def grid(self, n_batch: int, num_groups: int) -> tuple[int, int, int]:
         return n_batch, cdiv(num_groups, self.groups_per_block), self.token_splits
@@ -192,7 +194,8 @@ def group_tiling(
 
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
     with its ``block_rows``, the warps and stages with its own, and the splits with its ``token_splits`` (runs of
-    whole chunks; fewer splits where the runs would otherwise leave one empty).
+    whole chunks; fewer splits where the runs would otherwise leave one empty); with splits, its ``split_lag``
+    (raised to the splits) runs each pass as one ordered launch.
     """
     override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
@@ -209,14 +212,16 @@ def group_tiling(
     block_s = min(next_power_of_2(run), chunk_tokens)
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
     tokens_per_split = cdiv(run, block_s) * block_s
+    splits = cdiv(n_tokens, tokens_per_split)
     return GroupTiling(
         groups_per_block,
         block_c,
         block_s,
         num_warps,
         override.num_stages or 1,
-        token_splits=cdiv(n_tokens, tokens_per_split),
+        token_splits=splits,
         tokens_per_split=tokens_per_split,
+        split_lag=max(override.split_lag, splits) if override.split_lag and splits > 1 else None,
     )
 
 
@@ -246,6 +251,14 @@ def _split_constexprs(tiling: GroupTiling, *, merges: bool) -> dict:
     return constexprs | ({"SPLIT_BLOCK": next_power_of_2(tiling.token_splits)} if merges else {})
 
 
+def _ordered_settings(tiling: GroupTiling, grid: tuple[int, int, int]) -> tuple[list, tuple[int, ...], dict]:
+    """For an ordered launch (``kernels.group_norm_ordered_fwd`` / ``_bwd``) of a pass whose split launches have
+    ``grid``: its zeroed counters' out shapes (the tickets, each unit's arrivals), its grid (both launches'
+    programs) and the constexprs it adds to the merging launch's."""
+    counters = [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.int32)]
+    return counters, (2 * math.prod(grid),), _split_constexprs(tiling, merges=True) | {"LAG": tiling.split_lag}
+
+
 # Examples (the leading axes) shard freely; a launch needs each example's tokens and channels whole.
 _FORWARD_RULE = "... s c, c, c -> ... s c, ... g, ... g"
 _BACKWARD_RULE = "... s c, ... s c, c, ... g, ... g -> ... s c, ... c, ... c"
@@ -264,12 +277,25 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
         stats = jax.ShapeDtypeStruct((grid[0], num_groups), jnp.float32)
         outputs = [jax.ShapeDtypeStruct(x.shape, x.dtype), stats, stats]
         settings = {"grid": grid, "implementation": implementation, **constexprs}
+        split_stats = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, num_groups), jnp.float32)
         if tiling.token_splits == 1:
             y, mean, rstd = runtime.launch(
                 kernels.group_norm_fwd, x, scale, bias, out_shape=outputs, eps=epsilon, **settings
             )
+        elif tiling.split_lag:
+            counters, ordered_grid, ordered_constexprs = _ordered_settings(tiling, grid)
+            y, mean, rstd, *_ = runtime.launch(
+                kernels.group_norm_ordered_fwd,
+                x,
+                scale,
+                bias,
+                out_shape=[*outputs, split_stats, split_stats, *counters],
+                zeroed_outputs=(5, 6),
+                eps=epsilon,
+                **settings | {"grid": ordered_grid},
+                **ordered_constexprs,
+            )
         else:
-            split_stats = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, num_groups), jnp.float32)
             moments = runtime.launch(
                 kernels.group_norm_split_moments,
                 x,
@@ -309,6 +335,22 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
             dx, dscale, dbias = runtime.launch(
                 kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
             )
+        elif tiling.split_lag:
+            partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
+            counters, ordered_grid, ordered_constexprs = _ordered_settings(tiling, grid)
+            dx, dscale, dbias, *_ = runtime.launch(
+                kernels.group_norm_ordered_bwd,
+                dy,
+                x,
+                scale,
+                mean,
+                rstd,
+                out_shape=[dx_shape, partial, partial, *counters],
+                zeroed_outputs=(3, 4),
+                **settings | {"grid": ordered_grid},
+                **ordered_constexprs,
+            )
+            dscale, dbias = dscale.sum(axis=1), dbias.sum(axis=1)
         else:
             partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
             dscale, dbias = runtime.launch(
