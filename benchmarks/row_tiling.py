@@ -126,12 +126,11 @@ DIVERGENCE_ALTERNATIVES = (
     {"block_d": 8192, "num_warps": 8, "num_stages": 2},
 )
 # Around GroupNorm's rule (64-channel blocks, 512-token chunks, 16 warps, and at the target its 128 programs' tokens
-# split in two: two launches a pass): both passes as one ordered launch (``split_lag``: 4 splits, the statistics 66
-# items ahead, measured best of the ordered candidates on an H100), then wider blocks with it, up to a token's whole
-# 1 KB of channels in one program instead of eight 128-byte pieces in eight, at 4 to 32 splits; and the two launches
-# at 512-channel blocks.
+# split in four, each pass one ordered launch whose statistics run 66 items ahead): the two launches a pass of two
+# splits (the rule before); wider blocks, up to a token's whole 1 KB of channels in one program instead of eight
+# 128-byte pieces in eight, at 4 to 32 splits; and the two launches at 512-channel blocks.
 GROUP_ALTERNATIVES = (
-    {"token_splits": 4, "split_lag": 66},
+    {"token_splits": 2},
     {"block_d": 128, "token_splits": 4, "split_lag": 66},
     {"block_d": 256, "token_splits": 8, "split_lag": 66},
     {"block_d": 512, "token_splits": 8, "split_lag": 66},

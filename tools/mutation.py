@@ -928,6 +928,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     (_CE_ROWS, "return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=False)", "False", "(True)"): (
         _FLCE_ONLY
     ),
+    (_GROUP_NORM, "arrived = tl.full((), 0, tl.int32)", "0", "(1)"): (
+        "an ordered launch has two splits or more, so a wait that starts from 1 still polls the count at least once"
+    ),
     (_GROUP_NORM, "if n_tokens <= BLOCK_S:", "n_tokens <= BLOCK_S", "(n_tokens < BLOCK_S)"): (
         "tokens that exactly fill one chunk take the two-pass path, which computes the same numbers"
     ),
@@ -955,9 +958,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "groups < n_groups",
         "(groups <= n_groups)",
     ): _ONE_PAST_LOAD,
-    (_GROUP_NORM, "split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0)", "0.0", "(1.0)"): (
-        "a split past the last counts 0 tokens: its mean is weighted by 0 in the mean and in the squares' spread"
-    ),
+    (
+        _GROUP_NORM,
+        "split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE)",
+        "0.0",
+        "(1.0)",
+    ): ("a split past the last counts 0 tokens: its mean is weighted by 0 in the mean and in the squares' spread"),
     (_GROUP_NORM, "if split == 0:", "split == 0", "(split != 0)"): (
         "every split of a block merges the same moments into the same mean and rstd: which splits store them "
         "changes no value"

@@ -29,11 +29,13 @@ CHUNK_ELEMENTS = 32768
 ELEMENTS_PER_WARP = 1024
 MAX_WARPS = 16
 # Where an input's examples × blocks of groups make no more programs than the GPU has multiprocessors (the target's
-# 16 × 8 = 128), two programs share each block's tokens (two launches a pass: the statistics, then y or dx), if each
-# run still holds two chunks. H100, bf16 fwd+bwd, 16 warps: 0.233 → 0.215 ms at the target (2.03x XLA; 4 and 8
-# splits 0.221 and 0.227), 0.894 → 0.808 at 16384 tokens (1.36x); at 1024 channels (256 programs) 2 splits lose
-# (0.421 against 0.414).
-RULE_TOKEN_SPLITS = 2
+# 16 × 8 = 128), four programs share each block's tokens, if each run still holds two chunks, and a pass is one
+# ordered launch whose statistics run half a wave of programs (the multiprocessors / 2) ahead of its outputs.
+# H100, bf16 fwd+bwd at the target, 16 warps, one run: 0.217 ms with two splits in two launches a pass (the rule
+# before; 4 splits 0.221), 0.205 (2.08x XLA) with 4 splits in one ordered launch 66 items ahead; 132 items ahead
+# 0.208, 264 0.215, every statistics item first 0.222. Earlier (H100): one launch without splits 0.233 → 0.215
+# with two splits in two launches, 0.894 → 0.808 at 16384 tokens; at 1024 channels (256 programs) splits lose.
+RULE_TOKEN_SPLITS = 4
 MIN_SPLIT_CHUNKS = 2
 # The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
 MAX_BLOCK_CHANNELS = 16384
@@ -190,12 +192,13 @@ def group_tiling(
     """The tiling rule for ``n_batch`` examples: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power
     of two of them), walked in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit); the tokens
     shared among RULE_TOKEN_SPLITS programs where the examples' blocks make no more programs than the GPU has
-    multiprocessors and every run keeps MIN_SPLIT_CHUNKS chunks.
+    multiprocessors and every run keeps MIN_SPLIT_CHUNKS chunks, each pass one ordered launch with the statistics
+    half the multiprocessors' count of items ahead.
 
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
     with its ``block_rows``, the warps and stages with its own, and the splits with its ``token_splits`` (runs of
-    whole chunks; fewer splits where the runs would otherwise leave one empty); with splits, its ``split_lag``
-    (raised to the splits) runs each pass as one ordered launch.
+    whole chunks; fewer splits where the runs would otherwise leave one empty) and the lag with its ``split_lag``
+    (raised to the splits). Forced splits without a forced lag run two launches a pass.
     """
     override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
@@ -203,11 +206,12 @@ def group_tiling(
     groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
     chunk_tokens = override.block_rows or max(1, CHUNK_ELEMENTS // block_c)
-    splits = override.token_splits
+    splits, lag = override.token_splits, override.split_lag
     if splits is None:
         few_programs = n_batch * cdiv(num_groups, groups_per_block) <= _tiling.multiprocessor_count()
         long_runs = n_tokens >= RULE_TOKEN_SPLITS * MIN_SPLIT_CHUNKS * chunk_tokens
         splits = RULE_TOKEN_SPLITS if few_programs and long_runs else 1
+        lag = lag or _tiling.multiprocessor_count() // 2
     run = cdiv(n_tokens, splits)
     block_s = min(next_power_of_2(run), chunk_tokens)
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
@@ -221,7 +225,7 @@ def group_tiling(
         override.num_stages or 1,
         token_splits=splits,
         tokens_per_split=tokens_per_split,
-        split_lag=max(override.split_lag, splits) if override.split_lag and splits > 1 else None,
+        split_lag=max(lag, splits) if lag and splits > 1 else None,
     )
 
 
