@@ -17,7 +17,7 @@ the likeliest to be still in L2, first). The backward's first pass sums dy · x�
 dbias's per-example partials, and the group sums dx needs), its second writes dx.
 
 With token splits, SPLITS programs share a block of groups, each taking a run of TOKENS_PER_SPLIT tokens, and each
-pass is a launch of its own (programs of the whole grid cannot wait for one another): ``group_norm_split_moments``
+pass is a launch of its own (a program cannot wait for one the GPU has not started): ``group_norm_split_moments``
 stores each split's group means and centred sums of squares, ``group_norm_split_fwd`` merges them (Chan et al. again)
 and writes its run's y; ``group_norm_split_sums`` stores each split's per-channel sums, ``group_norm_split_bwd`` adds
 them and writes its run's dx. The second launches take their programs in reverse order, so the runs the first read
@@ -519,7 +519,7 @@ def _ticket(tickets_ptr):
 
 @triton.jit
 def _ordered_item(ticket, SPLITS: tl.constexpr, LAG: tl.constexpr):
-    """The item at place ``ticket`` of a launch of 2 · n items (two per program of the grid's half):
+    """The item at place ``ticket`` of an ordered launch of 2 · n programs (n statistics items, n output items):
     (is_statistics, unit, split).
 
     The first LAG places (LAG ≥ SPLITS; all n if fewer) are statistics items 0, 1, …; then statistics item i + LAG
