@@ -334,13 +334,13 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
         n_channels = x.shape[-1]
         dx_shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
         settings = {"grid": grid, "implementation": implementation, **constexprs}
+        # Each split's per-channel partial sums (one split: the kernel's [n_batch, n_channels] rows).
+        partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
         if tiling.token_splits == 1:
-            partial = jax.ShapeDtypeStruct((grid[0], n_channels), jnp.float32)
             dx, dscale, dbias = runtime.launch(
                 kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
             )
         elif tiling.split_lag:
-            partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
             counters, ordered_grid, ordered_constexprs = _ordered_settings(tiling, grid)
             dx, dscale, dbias, *_ = runtime.launch(
                 kernels.group_norm_ordered_bwd,
@@ -354,9 +354,7 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
                 **settings | {"grid": ordered_grid},
                 **ordered_constexprs,
             )
-            dscale, dbias = dscale.sum(axis=1), dbias.sum(axis=1)
         else:
-            partial = jax.ShapeDtypeStruct((grid[0], tiling.token_splits, n_channels), jnp.float32)
             dscale, dbias = runtime.launch(
                 kernels.group_norm_split_sums,
                 dy,
@@ -380,9 +378,8 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
                 **settings,
                 **_split_constexprs(tiling, merges=True),
             )
-            dscale, dbias = dscale.sum(axis=1), dbias.sum(axis=1)
         lead = x.shape[:-2]
-        return dx, dscale.reshape(*lead, n_channels), dbias.reshape(*lead, n_channels)
+        return dx, dscale.sum(axis=1).reshape(*lead, n_channels), dbias.sum(axis=1).reshape(*lead, n_channels)
 
     return vmap_over_rows(
         partitioned(launch, _BACKWARD_RULE, replicated=_WHOLE), row_argnums=(0, 1, 3, 4), reduces_rows=False
