@@ -46,16 +46,15 @@ class Grid:
         tile_warps: warp counts for one tile per row, each kept where a thread gets 16 to 64 of the tile's
             elements; tiles of up to ``_tiling.MEASURED_TILE_LIMIT`` also with the backward's prefetch flipped
             (wider ones spill when they prefetch: see ``--registers``).
-        column_blocks: ``(block_d, warps, column_splits, stages)`` of the column-block candidates, for rows of
-            ``loop_from`` or more (``column_splits`` None: the rule's splits of the backward; ``stages`` above 1:
-            the backward's blocks loaded through tensor descriptors, pipelined that deep).
+        column_blocks: ``(block_d, warps, column_splits)`` of the column-block candidates, for rows of ``loop_from``
+            or more (``column_splits`` None: the rule's splits of the backward).
         loop_from: the shortest row that gets column-block candidates (shorter rows fit one tile without spilling).
     """
 
     tokens: int
     hidden: tuple[int, ...]
     tile_warps: tuple[int, ...]
-    column_blocks: tuple[tuple[int, int, int | None, int], ...]
+    column_blocks: tuple[tuple[int, int, int | None], ...]
     loop_from: int
 
 
@@ -63,39 +62,17 @@ GPU_GRID = Grid(
     TOKENS,
     HIDDEN,
     (4, 8, 16, 32),
-    column_blocks=(
-        (4096, 8, None, 1),
-        (4096, 16, None, 1),
-        (8192, 16, None, 1),
-        (8192, 16, 2, 1),
-        (8192, 16, 4, 1),
-        (8192, 16, None, 2),
-        (4096, 16, None, 3),
-    ),
+    column_blocks=((4096, 8, None), (4096, 16, None), (8192, 16, None), (8192, 16, 2), (8192, 16, 4)),
     loop_from=16384,
 )
-# The wide rows alone (``--grid wide``): the rule against forced backward splits and the backward's blocks staged
-# through shared memory (ptxas, sm_90, bf16: 8192-column blocks at 16 warps 128 registers and 0-12 bytes of spills,
-# 49 KB of shared memory at 2 stages, 98 KB at 3) at 32768 and 65536 columns.
+# The wide rows alone (``--grid wide``): the rule against forced backward splits at 32768 and 65536 columns, in about
+# two minutes for the three ops.
 WIDE_GRID = Grid(
-    TOKENS,
-    (32768, 65536),
-    (),
-    column_blocks=(
-        (8192, 16, 1, 1),
-        (8192, 16, 2, 1),
-        (8192, 16, 4, 1),
-        (8192, 16, None, 2),
-        (8192, 16, None, 3),
-        (4096, 16, None, 3),
-        (4096, 16, None, 4),
-        (8192, 16, 2, 2),
-    ),
-    loop_from=16384,
+    TOKENS, (32768, 65536), (), column_blocks=((8192, 16, 1), (8192, 16, 2), (8192, 16, 4)), loop_from=16384
 )
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
-# in one program a row and split among 3, loaded plainly and through tensor descriptors.
-SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None, 1), (64, 8, 3, 1), (64, 8, 3, 3)), loop_from=1)
+# in one program a row and split among 3.
+SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1)
 
 
 def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
@@ -114,19 +91,15 @@ def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
                 override = _tiling.TilingOverride(block_d=single, num_warps=warps, prefetch=flipped)
                 variant = "prefetch" if flipped else "no-prefetch"
                 chosen.append(Candidate(f"tile/w{warps}/{variant}", override))
-    for block, warps, splits, stages in grid.column_blocks if n_cols >= grid.loop_from else ():
+    for block, warps, splits in grid.column_blocks if n_cols >= grid.loop_from else ():
         if block < n_cols:
-            override = _tiling.TilingOverride(block_d=block, num_warps=warps, column_splits=splits, num_stages=stages)
-            label = (
-                f"cols{block}/w{warps}" + (f"/split{splits}" if splits else "") + (f"/s{stages}" if stages > 1 else "")
-            )
-            chosen.append(Candidate(label, override))
+            override = _tiling.TilingOverride(block_d=block, num_warps=warps, column_splits=splits)
+            chosen.append(Candidate(f"cols{block}/w{warps}" + (f"/split{splits}" if splits else ""), override))
     return tiling_sweep.distinct(chosen, functools.partial(_tilings, n_cols))
 
 
 def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
-    """``rows x block_d/wW[/pf][/loop][/splitS][/sN]``: the tiling a forward or backward launch gets (``sN``: a
-    backward's column blocks staged N deep, see ``_tiling.column_block_stages``; bf16 rows)."""
+    """``rows x block_d/wW[/pf][/loop][/splitS]``: the tiling a forward or backward launch gets."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
@@ -135,7 +108,6 @@ def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) 
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
         + (f"/split{override.column_splits}" if reduces_rows and override and override.column_splits else "")
-        + (f"/s{stages}" if reduces_rows and (stages := _tiling.column_block_stages(t, n_cols, 2)) > 1 else "")
     )
 
 

@@ -127,16 +127,19 @@ DIVERGENCE_ALTERNATIVES = (
 )
 # Around GroupNorm's rule (64-channel blocks, 512-token chunks, 16 warps, and at the target its 128 programs' tokens
 # split in four, each pass one ordered launch whose statistics run 66 items ahead): the two launches a pass of two
-# splits (the rule before); wider blocks, up to a token's whole 1 KB of channels in one program instead of eight
-# 128-byte pieces in eight, at 4 to 32 splits; and the two launches at 512-channel blocks.
+# splits (the rule before); and, since ncu found the ordered kernels latency-bound (one 16-warp program of 127-128
+# registers a multiprocessor, 24% of the warps active, 46% of the DRAM peak forward, H100), more warps in flight:
+# 32 warps a program (64 registers, 4-32 bytes of spills: one program, twice the warps), at 2-8 splits; smaller
+# chunks in which two or four programs of 8 or 4 warps share a multiprocessor (ptxas: 80-124 registers), with more
+# splits and the lag raised to match.
 GROUP_ALTERNATIVES = (
     {"token_splits": 2},
-    {"block_d": 128, "token_splits": 4, "split_lag": 66},
-    {"block_d": 256, "token_splits": 8, "split_lag": 66},
-    {"block_d": 512, "token_splits": 8, "split_lag": 66},
-    {"block_d": 512, "token_splits": 16, "split_lag": 66},
-    {"block_d": 512, "token_splits": 16},
-    {"block_d": 512, "token_splits": 32, "split_lag": 132},
+    {"num_warps": 32, "token_splits": 4, "split_lag": 66},
+    {"num_warps": 32, "token_splits": 4, "split_lag": 132},
+    {"num_warps": 32, "token_splits": 8, "split_lag": 132},
+    {"block_rows": 256, "num_warps": 8, "token_splits": 8, "split_lag": 132},
+    {"block_rows": 128, "num_warps": 8, "token_splits": 8, "split_lag": 264},
+    {"block_rows": 128, "num_warps": 4, "token_splits": 16, "split_lag": 264},
 )
 
 

@@ -252,9 +252,7 @@ class Launch:
 
     def settings(self) -> str:
         """``BLOCK_ROWS=..,BLOCK_D=../w16/s1``: the block constexprs, warps and stages."""
-        blocks = ",".join(
-            f"{k}={v}" for k, v in self.constexprs if k.startswith(("BLOCK_", "PREFETCH", "COLUMN_", "STAGES"))
-        )
+        blocks = ",".join(f"{k}={v}" for k, v in self.constexprs if k.startswith(("BLOCK_", "PREFETCH", "COLUMN_")))
         return f"{blocks}/w{self.num_warps}/s{self.num_stages}"
 
 
@@ -318,15 +316,12 @@ def _triton_type(value) -> str:
     return "i32" if isinstance(value, int) else _POINTER_TYPES[str(value.dtype)]
 
 
-def kernel_usage(launch: Launch) -> tuple[int, int, int, int]:
-    """``(registers, spill bytes)`` per thread of ``launch``'s kernel compiled for sm_90 as it was launched, then its
-    global scratch bytes per program as Triton sizes it and as ``liger_jax._triton_ffi`` reads it from the PTX."""
+def kernel_usage(launch: Launch) -> tuple[int, int]:
+    """``(registers, spill bytes)`` per thread of ``launch``'s kernel compiled for sm_90 as it was launched."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from liger_jax import _triton_ffi
 
     signature = dict(launch.signature) | {name: "constexpr" for name, _ in launch.constexprs}
     names = _parameters(launch.kernel)
@@ -335,9 +330,7 @@ def kernel_usage(launch: Launch) -> tuple[int, int, int, int]:
     source = ASTSource(fn=launch.kernel, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
     options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    ptx = compiled.asm["ptx"]
-    scratch = (compiled.metadata.global_scratch_size, _triton_ffi.global_scratch_bytes(ptx))
-    return *ptxas_usage(ptx, knobs.nvidia.ptxas.path), *scratch
+    return ptxas_usage(compiled.asm["ptx"], knobs.nvidia.ptxas.path)
 
 
 def ptxas_usage(ptx: str, ptxas: str) -> tuple[int, int]:
@@ -355,17 +348,14 @@ def ptxas_usage(ptx: str, ptxas: str) -> tuple[int, int]:
 
 def print_registers(cases: Iterator[tuple[Case, Sequence[Candidate]]]) -> None:
     """For every case and candidate, each distinct kernel launch of its forward and fwd+bwd compiled for sm_90:
-    registers and spill bytes per thread, global scratch bytes per program (Triton's, and as read from the PTX)."""
-    print(
-        f"{'op':<19} {'shape':<36} {'candidate':<20} {'kernel':<28} {'settings':<44} {'regs':>5} {'spill B':>8} "
-        f"{'scratch B':>9} {'from PTX':>8}"
-    )
+    registers and spill bytes per thread."""
+    print(f"{'op':<19} {'shape':<36} {'candidate':<20} {'kernel':<28} {'settings':<44} {'regs':>5} {'spill B':>8}")
     for case, chosen in cases:
         for candidate in chosen:
             for launch in launches(case, candidate.override):
-                regs, spill, scratch, scratch_from_ptx = kernel_usage(launch)
+                regs, spill = kernel_usage(launch)
                 print(
                     f"{case.op:<19} {case.shape:<36} {candidate.label:<20} {launch.name:<28} {launch.settings():<44} "
-                    f"{regs:>5} {spill:>8} {scratch:>9} {scratch_from_ptx:>8}",
+                    f"{regs:>5} {spill:>8}",
                     flush=True,
                 )

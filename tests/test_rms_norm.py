@@ -178,26 +178,6 @@ def test_tiling_override_replaces_the_rule_where_set():
         _tiling.TilingOverride(block_d=96)
 
 
-@pytest.mark.parametrize(
-    ("n_cols", "itemsize", "num_stages", "expected"),
-    [
-        (200, 2, 3, 3),  # 400-byte rows: descriptors, three stages
-        (200, 4, 2, 2),
-        (201, 4, 3, 1),  # 804-byte rows: not a stride the TMA walks, plain loads
-        (204, 2, 3, 1),  # 408 bytes
-        (200, 2, 1, 1),  # one stage asked for
-        (32, 2, 3, 1),  # one tile: no column blocks to stage
-    ],
-)
-def test_column_blocks_are_staged_only_where_asked_and_the_tma_can_walk_the_rows(
-    n_cols, itemsize, num_stages, expected
-):
-    tiling = _tiling.row_tiling(
-        n_cols, reduces_rows=True, override=_tiling.TilingOverride(block_d=32, num_stages=num_stages)
-    )
-    assert _tiling.column_block_stages(tiling, n_cols, itemsize) == expected
-
-
 def test_kernel_writes_every_element():
     # Outputs start as NaN under the interpreter; rows and D chosen to leave partial tiles on both axes.
     x, scale = _inputs(11, (37, 77), jnp.float32)

@@ -42,34 +42,6 @@ def tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def block_source(
-    ptr, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr
-):
-    """Where :func:`load_block` reads tiles of the [n_rows, n_cols] array at ``ptr``: where STAGES > 1 a tensor
-    descriptor of BLOCK_ROWS × BLOCK_D blocks, else the pointer itself.
-
-    A loop over descriptor loads in ``tl.range(..., num_stages=STAGES)`` is software-pipelined by Triton (the TMA
-    copies STAGES - 1 blocks ahead into shared memory), which it does not do for plain loads. The descriptor takes
-    128 bytes of Triton's global scratch, a row stride of a multiple of 16 bytes and a 16-byte aligned ``ptr``
-    (XLA's buffers are).
-    """
-    if STAGES > 1:
-        return tl.make_tensor_descriptor(ptr, [n_rows, n_cols], [row_stride, 1], [BLOCK_ROWS, BLOCK_D])
-    else:
-        return ptr
-
-
-@triton.jit
-def load_block(source, first_row, first_col, offsets, mask, STAGES: tl.constexpr):
-    """The tile from row ``first_row`` and column ``first_col`` (0 out of bounds) of a :func:`block_source`;
-    ``offsets`` and ``mask`` are :func:`tile`'s, used by the pointer source."""
-    if STAGES > 1:
-        return source.load([first_row.to(tl.int32), first_col])
-    else:
-        return tl.load(source + offsets, mask=mask, other=0.0)
-
-
-@triton.jit
 def reversed_block(step, n_cols: tl.constexpr, BLOCK_D: tl.constexpr):
     """The first column of the block that a row's second pass visits at ``step``: the last block first, so the
     blocks the first pass read most recently, the likeliest to be still in L2, are read again soonest. For a split

@@ -13,8 +13,6 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    block_source,
-    load_block,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -200,7 +198,6 @@ def _backward_in_column_blocks(
     dbias_partial_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -208,34 +205,30 @@ def _backward_in_column_blocks(
 ):
     """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n, then
     one over this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
-    ``liger_jax.kernels._rows``); dy and x come through shared memory, STAGES - 1 blocks ahead, where
-    STAGES > 1 (``_rows.block_source``)."""
+    ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
-    dy_source = block_source(dy_ptr, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D, STAGES)
-    x_source = block_source(x_ptr, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D, STAGES)
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     dbias = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        first_row = (pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS
-        rows = row_block(first_row, BLOCK_ROWS)
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
         sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-        for block in tl.range(0, (n_cols + BLOCK_D - 1) // BLOCK_D, num_stages=STAGES):
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = load_block(dy_source, first_row, block * BLOCK_D, offsets, mask, STAGES)
-            normed = _normed(load_block(x_source, first_row, block * BLOCK_D, offsets, mask, STAGES), mean, rstd, mask)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
             block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
             sum_g += block_g
             sum_gn += block_gn
-        for step in tl.range(0, OWN_BLOCKS, num_stages=STAGES):
+        for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = load_block(dy_source, first_row, first_col, offsets, mask, STAGES)
-            normed = _normed(load_block(x_source, first_row, first_col, offsets, mask, STAGES), mean, rstd, mask)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
             scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
             dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
             tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -260,7 +253,6 @@ def layer_norm_bwd(
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -281,5 +273,5 @@ def layer_norm_bwd(
     else:
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
-            TILES_PER_PROGRAM, COLUMN_SPLITS, STAGES, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

@@ -15,8 +15,6 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    block_source,
-    load_block,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -318,7 +316,6 @@ def _backward_in_column_blocks(
     ADD_COTANGENT: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -326,31 +323,27 @@ def _backward_in_column_blocks(
 ):
     """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g · n, then one over
     this program's split of the columns for dx and dscale, whose partial sums stay in registers (see
-    ``liger_jax.kernels._rows``); dy and x come through shared memory, STAGES - 1 blocks ahead, where
-    STAGES > 1 (``_rows.block_source``)."""
+    ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
-    dy_source = block_source(dy_ptr, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D, STAGES)
-    x_source = block_source(x_ptr, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D, STAGES)
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        first_row = (pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS
-        rows = row_block(first_row, BLOCK_ROWS)
+        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
         # Summed across the warps once a row, not once a block: no barrier holds a warp back from its next loads.
         gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
-        for block in tl.range(0, (n_cols + BLOCK_D - 1) // BLOCK_D, num_stages=STAGES):
+        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = load_block(dy_source, first_row, block * BLOCK_D, offsets, mask, STAGES)
-            x = load_block(x_source, first_row, block * BLOCK_D, offsets, mask, STAGES)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             gn += _g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
         mean_gn = tl.sum(gn, axis=1) / n_cols
-        for step in tl.range(0, OWN_BLOCKS, num_stages=STAGES):
+        for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = load_block(dy_source, first_row, first_col, offsets, mask, STAGES)
-            x = load_block(x_source, first_row, first_col, offsets, mask, STAGES)
+            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
             scale = _load_scale(scale_ptr, cols, n_cols, offset)
             dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
             _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
@@ -374,7 +367,6 @@ def _backward(
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -394,8 +386,7 @@ def _backward(
     else:
         _backward_in_column_blocks(
             dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, STAGES, n_cols, row_stride, BLOCK_ROWS,
-            BLOCK_D,
+            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
 
@@ -413,7 +404,6 @@ def rms_norm_bwd(
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -423,8 +413,7 @@ def rms_norm_bwd(
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
         dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, STAGES, n_cols, row_stride, BLOCK_ROWS,
-        BLOCK_D,
+        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
 
@@ -443,7 +432,6 @@ def fused_add_rms_norm_bwd(
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
-    STAGES: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -455,6 +443,5 @@ def fused_add_rms_norm_bwd(
     """
     _backward(
         dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr,
-        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, STAGES, n_cols, row_stride, BLOCK_ROWS,
-        BLOCK_D,
+        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

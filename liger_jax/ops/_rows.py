@@ -65,10 +65,9 @@ def row_launcher(
             statistics ``[...]``. The remaining operands (weights ``[D]``) are passed as they are.
         implementation: ``"triton"`` or ``"interpret"``.
         aliases: ``(operand, output)`` pairs whose buffers may be shared (the operand is dead after the call).
-        column_splits: whether the kernel takes COLUMN_SPLITS and STAGES (after TILES_PER_PROGRAM) and shares each
-            row walked in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
-            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``), loading the blocks
-            through tensor descriptors where STAGES > 1 (``_tiling.column_block_stages``).
+        column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
+            in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
+            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
         walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
             ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
@@ -116,7 +115,6 @@ def _row_launcher(
             grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         if column_splits:
             grid_constexprs["COLUMN_SPLITS"] = splits
-            grid_constexprs["STAGES"] = _tiling.column_block_stages(tiling, n_cols, operands[0].dtype.itemsize)
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)

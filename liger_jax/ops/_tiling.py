@@ -111,9 +111,7 @@ class TilingOverride:
         num_warps: warps per program.
         prefetch: whether the backward kernels (and a forward that walks tiles) load the next row tile before
             computing this one (one-tile rows only; column blocks are never prefetched).
-        num_stages: Triton's software-pipelining stages for the kernels' loops; above 1, the norms' backward
-            kernels load their column blocks through tensor descriptors, which Triton pipelines (see
-            :func:`column_block_stages`).
+        num_stages: Triton's software-pipelining stages for the kernels' loops.
         column_splits: programs that share each row walked in column blocks, in the norms' backward kernels
             (see :func:`column_splits`); any count ≥ 1.
         token_splits: programs that share each example's block of groups in GroupNorm's kernels, each taking a run
@@ -223,15 +221,6 @@ def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOv
     while splits < blocks and n_partials * next_power_of_2(cdiv(blocks, splits)) * block_d > MAX_REGISTER_PARTIALS:
         splits *= 2
     return splits
-
-
-def column_block_stages(tiling: RowTiling, n_cols: int, itemsize: int) -> int:
-    """The STAGES of a backward kernel that walks rows of ``n_cols`` elements of ``itemsize`` bytes in ``tiling``'s
-    column blocks: above 1 it loads them through tensor descriptors, that many stages deep
-    (``liger_jax.kernels._rows.block_source``); the tiling's stages where it asks for more than one and a row is a
-    multiple of 16 bytes (the stride the TMA can walk), else 1 (plain loads)."""
-    staged = tiling.num_stages > 1 and tiling.block_d < n_cols and n_cols * itemsize % 16 == 0
-    return tiling.num_stages if staged else 1
 
 
 @functools.cache
