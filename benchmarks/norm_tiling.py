@@ -46,15 +46,17 @@ class Grid:
         tile_warps: warp counts for one tile per row, each kept where a thread gets 16 to 64 of the tile's
             elements; tiles of up to ``_tiling.MEASURED_TILE_LIMIT`` also with the backward's prefetch flipped
             (wider ones spill when they prefetch: see ``--registers``).
-        column_blocks: ``(block_d, warps, column_splits)`` of the column-block candidates, for rows of ``loop_from``
-            or more (``column_splits`` None: the rule's splits of the backward).
+        column_blocks: ``(block_d, warps, column_splits, separate_row_sums)`` of the column-block candidates, for
+            rows of ``loop_from`` or more (``column_splits`` None: the rule's splits of the backward;
+            ``separate_row_sums`` True: LayerNorm's backward sums its rows in a kernel of their own, a candidate of
+            layer_norm only).
         loop_from: the shortest row that gets column-block candidates (shorter rows fit one tile without spilling).
     """
 
     tokens: int
     hidden: tuple[int, ...]
     tile_warps: tuple[int, ...]
-    column_blocks: tuple[tuple[int, int, int | None], ...]
+    column_blocks: tuple[tuple[int, int, int | None, bool], ...]
     loop_from: int
 
 
@@ -62,21 +64,41 @@ GPU_GRID = Grid(
     TOKENS,
     HIDDEN,
     (4, 8, 16, 32),
-    column_blocks=((4096, 8, None), (4096, 16, None), (8192, 16, None), (8192, 16, 2), (8192, 16, 4)),
+    column_blocks=(
+        (4096, 8, None, False),
+        (4096, 16, None, False),
+        (8192, 16, None, False),
+        (8192, 16, 2, False),
+        (8192, 16, 4, False),
+        (8192, 16, None, True),
+    ),
     loop_from=16384,
 )
-# The wide rows alone (``--grid wide``): the rule against forced backward splits at 32768 and 65536 columns, in about
-# two minutes for the three ops.
+# The wide rows alone (``--grid wide``): the rule against forced backward splits at 32768 and 65536 columns, and
+# LayerNorm's backward with its row sums from a kernel of their own (each split then reads only its own columns;
+# also at the rule's tiling, see candidates), in about two minutes for the three ops.
 WIDE_GRID = Grid(
-    TOKENS, (32768, 65536), (), column_blocks=((8192, 16, 1), (8192, 16, 2), (8192, 16, 4)), loop_from=16384
+    TOKENS,
+    (32768, 65536),
+    (),
+    column_blocks=(
+        (8192, 16, 1, False),
+        (8192, 16, 2, False),
+        (8192, 16, 4, False),
+        (8192, 16, 8, True),
+    ),
+    loop_from=16384,
 )
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
-# in one program a row and split among 3.
-SMOKE_GRID = Grid(37, (200,), (4,), column_blocks=((64, 8, None), (64, 8, 3)), loop_from=1)
+# in one program a row and split among 3, LayerNorm's also with its row sums apart.
+SMOKE_GRID = Grid(
+    37, (200,), (4,), column_blocks=((64, 8, None, False), (64, 8, 3, False), (64, 8, 3, True)), loop_from=1
+)
 
 
-def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
-    """The rule, then ``grid``'s alternatives for rows of ``n_cols``; one whose forward and backward tilings are an
+def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
+    """The rule, then ``grid``'s alternatives for ``op``'s rows of ``n_cols`` (for LayerNorm's rows walked in column
+    blocks, first the rule with the backward's row sums apart); one whose forward and backward tilings are an
     earlier candidate's is dropped."""
     from liger_jax.ops import _tiling
 
@@ -91,15 +113,21 @@ def candidates(n_cols: int, grid: Grid) -> list[Candidate]:
                 override = _tiling.TilingOverride(block_d=single, num_warps=warps, prefetch=flipped)
                 variant = "prefetch" if flipped else "no-prefetch"
                 chosen.append(Candidate(f"tile/w{warps}/{variant}", override))
-    for block, warps, splits in grid.column_blocks if n_cols >= grid.loop_from else ():
-        if block < n_cols:
-            override = _tiling.TilingOverride(block_d=block, num_warps=warps, column_splits=splits)
-            chosen.append(Candidate(f"cols{block}/w{warps}" + (f"/split{splits}" if splits else ""), override))
+    if op == "layer_norm" and _tiling.row_tiling(n_cols, reduces_rows=True).block_d < n_cols:
+        chosen.append(Candidate("sums", _tiling.TilingOverride(separate_row_sums=True)))
+    for block, warps, splits, sums_apart in grid.column_blocks if n_cols >= grid.loop_from else ():
+        if block < n_cols and (op == "layer_norm" or not sums_apart):
+            override = _tiling.TilingOverride(
+                block_d=block, num_warps=warps, column_splits=splits, separate_row_sums=sums_apart
+            )
+            label = f"cols{block}/w{warps}" + (f"/split{splits}" if splits else "") + ("/sums" if sums_apart else "")
+            chosen.append(Candidate(label, override))
     return tiling_sweep.distinct(chosen, functools.partial(_tilings, n_cols))
 
 
 def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
-    """``rows x block_d/wW[/pf][/loop][/splitS]``: the tiling a forward or backward launch gets."""
+    """``rows x block_d/wW[/pf][/loop][/splitS][/sums]``: the tiling a forward or backward launch gets (``sums``:
+    LayerNorm's row sums in a kernel of their own)."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
@@ -108,6 +136,7 @@ def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) 
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
         + (f"/split{override.column_splits}" if reduces_rows and override and override.column_splits else "")
+        + ("/sums" if reduces_rows and _tiling.separate_row_sums(n_cols, override) else "")
     )
 
 
@@ -134,7 +163,7 @@ def _cases(args: argparse.Namespace):
     for op in args.op:
         for n_cols in args.hidden:
             params = {"tokens": min(args.grid.tokens, MAX_ELEMENTS // n_cols), "hidden": n_cols}
-            yield CASE_OPS[op].build(params, "bfloat16"), candidates(n_cols, args.grid)
+            yield CASE_OPS[op].build(params, "bfloat16"), candidates(n_cols, args.grid, op)
 
 
 def _tilings(n_cols: int, override: TilingOverride | None) -> tuple[str, str]:

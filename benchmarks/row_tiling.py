@@ -125,21 +125,17 @@ DIVERGENCE_ALTERNATIVES = (
     {"num_warps": 8, "num_stages": 3},
     {"block_d": 8192, "num_warps": 8, "num_stages": 2},
 )
-# Around GroupNorm's rule (64-channel blocks, 512-token chunks, 16 warps, and at the target its 128 programs' tokens
-# split in four, each pass one ordered launch whose statistics run 66 items ahead): the two launches a pass of two
-# splits (the rule before); and, since ncu found the ordered kernels latency-bound (one 16-warp program of 127-128
-# registers a multiprocessor, 24% of the warps active, 46% of the DRAM peak forward, H100), more warps in flight:
-# 32 warps a program (64 registers, 4-32 bytes of spills: one program, twice the warps), at 2-8 splits; smaller
-# chunks in which two or four programs of 8 or 4 warps share a multiprocessor (ptxas: 80-124 registers), with more
-# splits and the lag raised to match.
+# Around GroupNorm's rule (64-channel blocks, and at the target its 128 programs' tokens split in 16, each pass one
+# ordered launch whose statistics run 132 items ahead, in chunks of 128 tokens at 4 warps): the rule before (4 splits
+# of 512-token chunks at 16 warps, 66 ahead), 256-token chunks at 8 warps and 8 splits, other splits and lags.
 GROUP_ALTERNATIVES = (
-    {"token_splits": 2},
-    {"num_warps": 32, "token_splits": 4, "split_lag": 66},
-    {"num_warps": 32, "token_splits": 4, "split_lag": 132},
-    {"num_warps": 32, "token_splits": 8, "split_lag": 132},
+    {"block_rows": 512, "num_warps": 16, "token_splits": 4, "split_lag": 66},
     {"block_rows": 256, "num_warps": 8, "token_splits": 8, "split_lag": 132},
-    {"block_rows": 128, "num_warps": 8, "token_splits": 8, "split_lag": 264},
-    {"block_rows": 128, "num_warps": 4, "token_splits": 16, "split_lag": 264},
+    {"token_splits": 16, "split_lag": 264},
+    {"token_splits": 16, "split_lag": 528},
+    {"token_splits": 8, "split_lag": 132},
+    {"block_rows": 64, "token_splits": 32, "split_lag": 132},
+    {"token_splits": 16},
 )
 
 

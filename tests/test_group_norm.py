@@ -233,25 +233,30 @@ def test_tiling_covers_whole_groups_in_cache_lines():
         assert tiling.block_s * tiling.block_c <= max(group_norm_op.CHUNK_ELEMENTS, tiling.block_c)
         assert 4 <= tiling.num_warps <= group_norm_op.MAX_WARPS
     target = group_norm_op.group_tiling(4096, 512, 32, n_batch=16)
-    assert target.grid(16, 32) == (16, 8, 4) and (target.block_c, target.block_s, target.num_warps) == (64, 512, 16)
+    assert target.grid(16, 32) == (16, 8, 16) and (target.block_c, target.block_s, target.num_warps) == (64, 128, 4)
+    unsplit = group_norm_op.group_tiling(4096, 512, 32, n_batch=64)
+    assert unsplit.grid(64, 32) == (64, 8, 1) and (unsplit.block_c, unsplit.block_s, unsplit.num_warps) == (64, 512, 16)
 
 
 @pytest.mark.parametrize(
     ("n_batch", "n_tokens", "channels", "splits"),
     [
-        (16, 4096, 512, 4),  # 128 programs, runs of 2 chunks
-        (16, 16384, 512, 4),
-        (16, 4096, 1024, 1),  # 256 programs: more than the multiprocessors
-        (1, 4095, 512, 1),  # runs of under two 512-token chunks
-        (1, 4096, 512, 4),
+        (16, 4096, 512, 16),  # 128 programs, runs of 2 chunks of 128 tokens
+        (16, 16384, 512, 16),
+        (16, 4096, 1024, 16),  # 256 programs: at most twice the multiprocessors
+        (17, 4096, 1024, 1),  # 272 programs
+        (1, 4095, 512, 1),  # runs of under two 128-token chunks
+        (1, 4096, 512, 16),
         (300, 4096, 64, 1),
     ],
 )
 def test_rule_splits_tokens_only_where_blocks_leave_multiprocessors_idle(n_batch, n_tokens, channels, splits):
     tiling = group_norm_op.group_tiling(n_tokens, channels, 32, n_batch=n_batch)
     assert tiling.token_splits == splits
-    # Split passes run as one ordered launch, the statistics half a wave of programs ahead.
-    assert tiling.split_lag == (66 if splits > 1 else None)
+    # Split passes run as one ordered launch, the statistics a wave of programs ahead, in chunks of 128 tokens at 4
+    # warps; unsplit passes in chunks of 512 at 16.
+    assert tiling.split_lag == (132 if splits > 1 else None)
+    assert (tiling.block_s, tiling.num_warps) == ((128, 4) if splits > 1 else (512, 16))
     assert _tiling.multiprocessor_count() == 132  # no GPU here: an H100's or H200's count
 
 

@@ -104,7 +104,15 @@ def test_checkpoint_gives_the_same_gradients(implementation):
     )
 
 
-@pytest.mark.parametrize("tiling", harness.FORCED_TILINGS)
+# LayerNorm's own: the backward's row sums from a kernel of their own, for column blocks read by one program a row
+# and split among three (then each split reads only its own columns).
+TILINGS = harness.FORCED_TILINGS | {
+    "separate_row_sums": _tiling.TilingOverride(block_d=64, separate_row_sums=True),
+    "separate_row_sums_split": _tiling.TilingOverride(block_d=32, column_splits=3, separate_row_sums=True),
+}
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize(("dtype", "weights"), [(jnp.float32, "same_dtype"), (jnp.bfloat16, "float32")])
 def test_forced_tilings_match_float64_reference(tiling, dtype, weights):
     shape = harness.FORCED_TILING_SHAPE
@@ -116,8 +124,22 @@ def test_forced_tilings_match_float64_reference(tiling, dtype, weights):
         return liger_jax.layer_norm(x, scale, bias, implementation=harness.KERNEL_IMPLEMENTATION)
 
     cotangent = harness.random_normal(39, shape, dtype)
-    with _tiling.overridden(harness.FORCED_TILINGS[tiling]):
+    with _tiling.overridden(TILINGS[tiling]):
         harness.assert_vjp_matches_reference(op, liger_jax.layer_norm_reference, (x, scale, bias), cotangent, dtype)
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "override", "expected"),
+    [
+        (65536, None, True),
+        (65536, _tiling.TilingOverride(separate_row_sums=True), True),
+        (65536, _tiling.TilingOverride(separate_row_sums=False), False),
+        (4096, _tiling.TilingOverride(separate_row_sums=True), False),  # one tile: its sums are in registers
+        (200, _tiling.TilingOverride(block_d=64, separate_row_sums=True), True),
+    ],
+)
+def test_the_backward_sums_rows_apart_only_where_it_walks_column_blocks(n_cols, override, expected):
+    assert _tiling.separate_row_sums(n_cols, override) is expected
 
 
 def test_kernel_writes_every_element():

@@ -91,9 +91,9 @@ def test_an_override_reaches_every_launch_of_the_op(op, override, expected):
 def test_group_and_divergence_rules_take_the_override():
     rule = group_norm.group_tiling(4096, 512, 32)
     forced = group_norm.group_tiling(4096, 512, 32, _tiling.TilingOverride(block_d=32, block_rows=128))
-    assert (rule.block_c, rule.block_s, rule.num_stages) == (64, group_norm.CHUNK_ELEMENTS // 64, 1)
+    assert (rule.block_c, rule.block_s, rule.num_stages) == (64, group_norm.SPLIT_CHUNK_ELEMENTS // 64, 1)
     assert (forced.groups_per_block, forced.block_c, forced.block_s) == (2, 32, 128)
-    assert forced.num_warps == 128 * 32 // group_norm.ELEMENTS_PER_WARP
+    assert forced.num_warps == max(4, 128 * 32 // group_norm.SPLIT_ELEMENTS_PER_WARP)
     divergence = _divergence_rows.block_tiling(128256, "triton")
     assert (divergence.block_d, divergence.block_rows, divergence.num_warps) == (4096, 1, 4)
     assert _divergence_rows.block_tiling(300, "triton", _tiling.TilingOverride(block_d=4096)).block_d == 512
@@ -101,19 +101,23 @@ def test_group_and_divergence_rules_take_the_override():
 
 def test_norm_kernels_compile_for_the_gpu_in_one_tile_in_column_blocks_and_split():
     # Triton's compiler rejects code its interpreter runs (a name rebound to another type in a loop): every kernel
-    # of every smoke candidate (one tile, column blocks, rows split among programs) compiled for sm_90, as a GPU
-    # would launch it, in a process without the interpreter.
+    # of every smoke candidate (one tile, column blocks, rows split among programs, LayerNorm's row sums apart)
+    # compiled for sm_90, as a GPU would launch it, in a process without the interpreter.
     environment = os.environ | {"TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "benchmarks.norm_tiling", "--registers", "--smoke", "--op", *norm_tiling.OPS]
     done = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = [line.split() for line in done.stdout.splitlines()[1:]]
-    candidates = [c.label for c in norm_tiling.candidates(200, norm_tiling.SMOKE_GRID)]
-    assert "cols64/w8/split3" in candidates
+    assert "cols64/w8/split3/sums" in [
+        c.label for c in norm_tiling.candidates(200, norm_tiling.SMOKE_GRID, "layer_norm")
+    ]
     for op in norm_tiling.OPS:
+        candidates = [c.label for c in norm_tiling.candidates(200, norm_tiling.SMOKE_GRID, op)]
+        assert "cols64/w8/split3" in candidates
         for label in candidates:
             kernels = {row[3] for row in compiled if row[0] == op and row[2] == label}
-            assert kernels == {f"{op}_fwd", f"{op}_bwd"}, (op, label)
+            row_sums = {f"{op}_bwd_row_sums"} if label.endswith("/sums") else set()
+            assert kernels == {f"{op}_fwd", f"{op}_bwd", *row_sums}, (op, label)
 
 
 def test_sparsemax_forward_compiles_for_the_gpu_walking_prefetched_row_tiles():

@@ -5,7 +5,8 @@ elements apart. Everything is computed in fp32 and y is rounded once, to y's dty
 E[x²] - E[x]² (cancellation): a row that fits one tile gets two exact passes over registers, mean then
 mean((x - mean)²); a longer row, walked in column blocks (see ``liger_jax.kernels._rows``), gets each block's mean
 and centred sum of squares exactly and merges them with Chan et al.'s pairwise update, then a second pass
-normalises block by block. The backward likewise: one pass for the row sums, one for dx.
+normalises block by block. The backward likewise: one pass for the row sums, one for dx (for long rows, the row
+sums may come from a kernel of their own, ``layer_norm_bwd_row_sums``).
 """
 
 import triton
@@ -106,6 +107,61 @@ def _row_sums(dy, normed, scale):
 
 
 @triton.jit
+def _row_sums_in_column_blocks(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    mean,
+    rstd,
+    rows,
+    n_rows,
+    n_cols,
+    row_stride,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Σ g and Σ g · n [BLOCK_ROWS] fp32 of ``rows``, reading them one column block at a time (one block for a row
+    that fits one)."""
+    sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+    sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+    for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
+        cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+        normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+        block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
+        sum_g += block_g
+        sum_gn += block_gn
+    return sum_g, sum_gn
+
+
+@triton.jit
+def layer_norm_bwd_row_sums(
+    dy_ptr,  # [n_rows, n_cols] x.dtype
+    x_ptr,  # [n_rows, n_cols] x.dtype
+    scale_ptr,  # [n_cols] scale.dtype
+    mean_ptr,  # [n_rows] fp32
+    rstd_ptr,  # [n_rows] fp32
+    n_rows,
+    sum_g_ptr,  # [n_rows] fp32
+    sum_gn_ptr,  # [n_rows] fp32
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program stores Σ g and Σ g · n of BLOCK_ROWS rows (g = dy · scale, n = (x - mean) · rstd) in fp32: the
+    row sums ``layer_norm_bwd`` takes with SUMS_GIVEN."""
+    rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
+    mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    sum_g, sum_gn = _row_sums_in_column_blocks(
+        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
+    )
+    tl.store(sum_g_ptr + rows, sum_g, mask=rows < n_rows)
+    tl.store(sum_gn_ptr + rows, sum_gn, mask=rows < n_rows)
+
+
+@triton.jit
 def _dx(dy, normed, rstd, scale, mean_g, mean_gn):
     """dx = rstd · (g - mean(g) - n · mean(g · n)) in fp32 for one tile."""
     g = dy.to(tl.float32) * scale[None, :]
@@ -192,20 +248,23 @@ def _backward_in_column_blocks(
     scale_ptr,
     mean_ptr,
     rstd_ptr,
+    sum_g_ptr,
+    sum_gn_ptr,
     n_rows,
     dx_ptr,
     dscale_partial_ptr,
     dbias_partial_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n, then
-    one over this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
-    ``liger_jax.kernels._rows``)."""
+    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n (read
+    from sum_g and sum_gn instead with SUMS_GIVEN), then one over this program's split of the columns for dx, dscale
+    and dbias, whose partial sums stay in registers (see ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
@@ -215,15 +274,13 @@ def _backward_in_column_blocks(
         rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-        sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
-            block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
-            sum_g += block_g
-            sum_gn += block_gn
+        if SUMS_GIVEN:
+            sum_g = tl.load(sum_g_ptr + rows, mask=rows < n_rows, other=0.0)
+            sum_gn = tl.load(sum_gn_ptr + rows, mask=rows < n_rows, other=0.0)
+        else:
+            sum_g, sum_gn = _row_sums_in_column_blocks(
+                dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
+            )
         for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
@@ -246,10 +303,13 @@ def layer_norm_bwd(
     scale_ptr,  # [n_cols] scale.dtype
     mean_ptr,  # [n_rows] fp32
     rstd_ptr,  # [n_rows] fp32
+    sum_g_ptr,  # [n_rows] fp32, read with SUMS_GIVEN only
+    sum_gn_ptr,  # [n_rows] fp32, read with SUMS_GIVEN only
     n_rows,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
+    SUMS_GIVEN: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
@@ -263,7 +323,8 @@ def layer_norm_bwd(
     Program p (split s; see ``_rows.program_and_split``) walks TILES_PER_PROGRAM tiles of BLOCK_ROWS rows from row p ·
     TILES_PER_PROGRAM · BLOCK_ROWS and writes its fp32 partial sums of dy · n (dscale) and dy (dbias) into row p of
     the partials, at the columns of split s (of COLUMN_SPLITS: 1 for rows of one tile); XLA adds the partials
-    (deterministic, no atomics).
+    (deterministic, no atomics). Rows walked in column blocks take their Σ g and Σ g · n from sum_g and sum_gn with
+    SUMS_GIVEN (``layer_norm_bwd_row_sums``'s), so each split reads only its own columns.
     """
     if n_cols <= BLOCK_D:
         _backward_in_tiles(
@@ -272,6 +333,6 @@ def layer_norm_bwd(
         )  # fmt: skip
     else:
         _backward_in_column_blocks(
-            dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, dbias_partial_ptr,
-            TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, sum_g_ptr, sum_gn_ptr, n_rows, dx_ptr, dscale_partial_ptr,
+            dbias_partial_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

@@ -80,12 +80,14 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
 # 1.31x at 65536. Then RMSNorm's backward summing a row once and the forward's 32768-column blocks (H100, same day,
 # two runs): RMSNorm 1.19-1.20x, LayerNorm 1.00x, fused add 1.34x at 65536; at 131072 0.94-0.95x, 0.61x, 1.03x.
 # RMSNorm's limit rises to 65536 on the H100's numbers (the H200's 0.97x predates both changes, which took 12% off
-# the H100's step there); LayerNorm's stays, a tie at 65536.
+# the H100's step there); LayerNorm's stayed, a tie at 65536. Then LayerNorm's backward summed its rows in a kernel
+# of their own (_tiling.SEPARATE_ROW_SUMS; 2026-12-07, H100, 4096 rows): 1.48x at 32768, 1.51x at 65536, 1.43x at
+# 131072, and its limit rises to 131072.
 # DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
 # (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
 MAX_KERNEL_COLS: dict[str, int] = {
     "rms_norm": 65536,
-    "layer_norm": 32768,
+    "layer_norm": 131072,
     "fused_add_rms_norm": 65536,
     "dyt": 16384,
     "modulated_rms_norm": 8192,

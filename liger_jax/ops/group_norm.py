@@ -28,14 +28,25 @@ CHUNK_ELEMENTS = 32768
 # 0.262 → 0.233 ms at the target, 0.488 → 0.414 at 1024 channels (256 programs), 1.049 → 0.894 at 16384 tokens.
 ELEMENTS_PER_WARP = 1024
 MAX_WARPS = 16
-# Where an input's examples × blocks of groups make no more programs than the GPU has multiprocessors (the target's
-# 16 × 8 = 128), four programs share each block's tokens, if each run still holds two chunks, and a pass is one
-# ordered launch whose statistics run half a wave of programs (the multiprocessors / 2) ahead of its outputs.
-# H100, bf16 fwd+bwd at the target, 16 warps, one run: 0.217 ms with two splits in two launches a pass (the rule
-# before; 4 splits 0.221), 0.205 (2.08x XLA) with 4 splits in one ordered launch 66 items ahead; 132 items ahead
-# 0.208, 264 0.215, every statistics item first 0.222. Earlier (H100): one launch without splits 0.233 → 0.215
-# with two splits in two launches, 0.894 → 0.808 at 16384 tokens; at 1024 channels (256 programs) splits lose.
-RULE_TOKEN_SPLITS = 4
+# Where an input's examples × blocks of groups make at most twice as many programs as the GPU has multiprocessors
+# (the target's 16 × 8 = 128; 256 at 1024 channels), sixteen programs share each block's tokens, if each run still
+# holds two chunks, and a pass is one ordered launch whose statistics run a wave of programs (the multiprocessors'
+# count of items) ahead of its outputs. Its chunks are smaller, SPLIT_CHUNK_ELEMENTS at SPLIT_ELEMENTS_PER_WARP
+# (128 tokens × 64 channels, 4 warps): the ordered kernels are latency-bound (ncu, H100, the earlier 512 × 64 chunks
+# at 16 warps: one program a multiprocessor at 127-128 registers, 24% of the warps active, 46% of the DRAM peak
+# forward), and four 4-warp programs of 120 registers share a multiprocessor. H100, bf16 fwd+bwd, XLA in each run:
+# at the target 0.188 ms (2.30x XLA, 60% of the floor; 264 items ahead 0.190-0.193) against 0.205-0.206 (2.09-2.11x)
+# with the rule before (4 splits of 512 × 64 chunks at 16 warps, 66 ahead); 16 × 16384 × 512 0.771 (1.42x; 264
+# ahead 0.768-0.770) against 0.787-0.792; 16 × 4096 × 1024 0.358 (1.63x; 264 ahead 0.371-0.375) against 0.406
+# unsplit; 256 × 64 chunks at 8 warps, 8 splits 0.193-0.194 / 0.780-0.793 / 0.369-0.373; 32-warp programs of the old
+# chunks (64 registers) 0.237-0.254 at the target; blocks of 128-512 channels 0.278-0.465. Earlier (H100, the old
+# chunks): 0.217 with two splits in two launches a pass, 0.205 with 4 in one ordered launch 66 items ahead (132:
+# 0.208, 264: 0.215, every statistics item first: 0.222); without splits 0.233.
+RULE_TOKEN_SPLITS = 16
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_LAG_PER_SM = 1
+SPLIT_CHUNK_ELEMENTS = 8192
+SPLIT_ELEMENTS_PER_WARP = 2048
 MIN_SPLIT_CHUNKS = 2
 # The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
 MAX_BLOCK_CHANNELS = 16384
@@ -191,9 +202,11 @@ def group_tiling(
 ) -> GroupTiling:
     """The tiling rule for ``n_batch`` examples: blocks of at least MIN_BLOCK_CHANNELS channels (whole groups, a power
     of two of them), walked in chunks of about CHUNK_ELEMENTS (one chunk, one pass, when all tokens fit); the tokens
-    shared among RULE_TOKEN_SPLITS programs where the examples' blocks make no more programs than the GPU has
-    multiprocessors and every run keeps MIN_SPLIT_CHUNKS chunks, each pass one ordered launch with the statistics
-    half the multiprocessors' count of items ahead.
+    shared among RULE_TOKEN_SPLITS programs where the examples' blocks make at most SPLIT_PROGRAMS_PER_SM times as
+    many programs as the GPU has multiprocessors and every run keeps MIN_SPLIT_CHUNKS chunks of SPLIT_CHUNK_ELEMENTS
+    (SPLIT_ELEMENTS_PER_WARP a warp), each pass one ordered launch with the statistics SPLIT_LAG_PER_SM times the
+    multiprocessors' count of items ahead. Split passes, forced or not, take chunks of SPLIT_CHUNK_ELEMENTS at
+    SPLIT_ELEMENTS_PER_WARP.
 
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
     with its ``block_rows``, the warps and stages with its own, and the splits with its ``token_splits`` (runs of
@@ -205,16 +218,21 @@ def group_tiling(
     min_channels = override.block_d or MIN_BLOCK_CHANNELS
     groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
-    chunk_tokens = override.block_rows or max(1, CHUNK_ELEMENTS // block_c)
     splits, lag = override.token_splits, override.split_lag
     if splits is None:
-        few_programs = n_batch * cdiv(num_groups, groups_per_block) <= _tiling.multiprocessor_count()
-        long_runs = n_tokens >= RULE_TOKEN_SPLITS * MIN_SPLIT_CHUNKS * chunk_tokens
+        sms = _tiling.multiprocessor_count()
+        few_programs = n_batch * cdiv(num_groups, groups_per_block) <= SPLIT_PROGRAMS_PER_SM * sms
+        split_chunk_tokens = override.block_rows or max(1, SPLIT_CHUNK_ELEMENTS // block_c)
+        long_runs = n_tokens >= RULE_TOKEN_SPLITS * MIN_SPLIT_CHUNKS * split_chunk_tokens
         splits = RULE_TOKEN_SPLITS if few_programs and long_runs else 1
-        lag = lag or _tiling.multiprocessor_count() // 2
+        lag = lag or SPLIT_LAG_PER_SM * sms
+    chunk_elements, elements_per_warp = (
+        (SPLIT_CHUNK_ELEMENTS, SPLIT_ELEMENTS_PER_WARP) if splits > 1 else (CHUNK_ELEMENTS, ELEMENTS_PER_WARP)
+    )
+    chunk_tokens = override.block_rows or max(1, chunk_elements // block_c)
     run = cdiv(n_tokens, splits)
     block_s = min(next_power_of_2(run), chunk_tokens)
-    num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // ELEMENTS_PER_WARP))
+    num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // elements_per_warp))
     tokens_per_split = cdiv(run, block_s) * block_s
     splits = cdiv(n_tokens, tokens_per_split)
     return GroupTiling(

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liger_jax import runtime
-from liger_jax.ops import _checks, _dispatch
+from liger_jax.ops import _checks, _dispatch, _tiling
 from liger_jax.ops._rows import ColumnSum, Rows, RowStats, row_launcher
 
 
@@ -99,7 +99,10 @@ def _layer_norm_fwd(x, scale, bias, epsilon, implementation):
 def _layer_norm_bwd(epsilon, implementation, residuals, dy):
     del epsilon
     x, scale, bias, mean, rstd = residuals
-    dx, dscale, dbias = _backward(implementation)(dy, x, scale, mean, rstd)
+    sums_given = _tiling.separate_row_sums(x.shape[-1], _tiling.current_override())
+    # Without SUMS_GIVEN the kernel reads no row sums: mean and rstd stand in for them.
+    sums = _row_sums(implementation)(dy, x, scale, mean, rstd) if sums_given else (mean, rstd)
+    dx, dscale, dbias = _backward(implementation, sums_given)(dy, x, scale, mean, rstd, *sums)
     return dx, dscale.astype(scale.dtype), dbias.astype(bias.dtype)
 
 
@@ -119,14 +122,29 @@ def _forward(implementation, epsilon):
     )
 
 
-def _backward(implementation):
-    """``(dy, x, scale, mean, rstd) -> (dx [..., D] x.dtype, dscale [D] fp32, dbias [D] fp32)``."""
+def _row_sums(implementation):
+    """``(dy, x, scale, mean, rstd) -> (Σ g [...] fp32, Σ g · n [...] fp32)`` of each row, g = dy · scale and n the
+    normalised x."""
+    from liger_jax.kernels import layer_norm as kernels
+
+    return row_launcher(
+        kernels.layer_norm_bwd_row_sums,
+        (RowStats(), RowStats()),
+        row_argnums=(0, 1, 3, 4),
+        implementation=implementation,
+    )
+
+
+def _backward(implementation, sums_given):
+    """``(dy, x, scale, mean, rstd, sum_g, sum_gn) -> (dx [..., D] x.dtype, dscale [D] fp32, dbias [D] fp32)``; the
+    row sums (``_row_sums``'s) are read only where ``sums_given``."""
     from liger_jax.kernels import layer_norm as kernels
 
     return row_launcher(
         kernels.layer_norm_bwd,
         (Rows(), ColumnSum(), ColumnSum()),
-        row_argnums=(0, 1, 3, 4),
+        row_argnums=(0, 1, 3, 4, 5, 6),
         implementation=implementation,
         column_splits=True,
+        SUMS_GIVEN=sums_given,
     )
