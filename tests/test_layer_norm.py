@@ -1,5 +1,7 @@
 """LayerNorm: every implementation against the float64 reference, values and gradients."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import liger_jax
+from liger_jax import runtime
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -126,6 +129,24 @@ def test_forced_tilings_match_float64_reference(tiling, dtype, weights):
     cotangent = harness.random_normal(39, shape, dtype)
     with _tiling.overridden(TILINGS[tiling]):
         harness.assert_vjp_matches_reference(op, liger_jax.layer_norm_reference, (x, scale, bias), cotangent, dtype)
+
+
+def test_a_batched_input_sums_its_rows_apart_where_the_backward_walks_column_blocks(monkeypatch):
+    # The choice follows the row length, the last axis, whatever the leading axes: [2, 3, 200] in blocks of 64.
+    launched = []
+
+    def record(kernel, *args, out_shape, **settings):
+        launched.append(kernel.fn.__name__)
+        return tuple(jnp.zeros(shape.shape, shape.dtype) for shape in out_shape)
+
+    monkeypatch.setattr(runtime, "launch", record)
+    x, scale, bias = _inputs(13, (2, 3, 200), jnp.float32)
+    with _tiling.overridden(_tiling.TilingOverride(block_d=64, separate_row_sums=True)):
+        y, pullback = jax.vjp(
+            functools.partial(liger_jax.layer_norm, implementation=harness.KERNEL_IMPLEMENTATION), x, scale, bias
+        )
+        pullback(y)
+    assert launched == ["layer_norm_fwd", "layer_norm_bwd_row_sums", "layer_norm_bwd"]
 
 
 @pytest.mark.parametrize(

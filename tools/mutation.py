@@ -78,7 +78,7 @@ TARGETS: dict[str, Target] = {
         (*_ROW_NORM_TESTS, "tests/test_rms_norm.py", "-k", "not xla"),
     ),
     "liger_jax/ops/layer_norm.py": Target(
-        ("_layer_norm_fwd", "_layer_norm_bwd", "_backward"),
+        ("_layer_norm_fwd", "_layer_norm_bwd", "_row_sums", "_backward"),
         (*_ROW_NORM_TESTS, "tests/test_layer_norm.py", "-k", "not xla"),
     ),
     "liger_jax/ops/fused_add_rms_norm.py": Target(
