@@ -1,16 +1,15 @@
 """Tiling sweep of the catalog's row kernels at their target shapes: ``python -m benchmarks.row_tiling --out DIR``
 (on the H200; ``--smoke`` on a CPU).
 
-For softmax, sparsemax, DyT, PolyNorm, modulated RMSNorm, GroupNorm, kl_div and tvd, in bf16 at their benchmark
-targets (``benchmarks.cases``), times the forward and fwd+bwd of XLA, of the op's tiling rule and of a handful of
-candidate tilings forced on it through ``liger_jax.ops._tiling.overridden`` (see :func:`candidates`): warps and rows
-per tile around the rule for the row kernels (``_tiling.row_tiling``, with ``_heavy_rows``' warps for DyT, PolyNorm
-and modulated RMSNorm), column blocks for rows of 32768; the vocabulary block, warps and pipelining stages of the
-divergence kernel (``_divergence_rows.block_tiling``); channels per block, tokens per chunk, warps, stages and
-token splits of GroupNorm's (``group_norm.group_tiling``). Prints the tables of ``benchmarks.norm_tiling`` per (op,
-shape) and rows go to ``DIR/row_tiling.jsonl`` as they are measured. ``--registers`` instead compiles every
-candidate's kernels for sm_90 (no GPU needed; run it without TRITON_INTERPRET) and prints ptxas's registers and
-spill bytes per thread.
+For softmax, sparsemax, DyT, PolyNorm, modulated RMSNorm, GroupNorm, kl_div and tvd, in bf16 (fp32 with ``--dtype``) at
+their benchmark targets (``benchmarks.cases``), times the forward and fwd+bwd of XLA, of the op's tiling rule and of a
+handful of candidate tilings forced on it through ``liger_jax.ops._tiling.overridden`` (see :func:`candidates`): warps
+and rows per tile around the rule for the row kernels (``_tiling.row_tiling``, with ``_heavy_rows``' warps for DyT,
+PolyNorm and modulated RMSNorm), column blocks for rows of 32768; the vocabulary block, warps and pipelining stages of
+the divergence kernel (``_divergence_rows.block_tiling``); channels per block, tokens per chunk, warps, stages and token
+splits of GroupNorm's (``group_norm.group_tiling``). Prints the tables of ``benchmarks.norm_tiling`` per (op, shape) and
+rows go to ``DIR/row_tiling.jsonl`` as they are measured. ``--registers`` instead compiles every candidate's kernels for
+sm_90 (no GPU needed; run it without TRITON_INTERPRET) and prints ptxas's registers and spill bytes per thread.
 """
 
 from __future__ import annotations
@@ -219,18 +218,20 @@ def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str
     return text, text
 
 
-def cases(ops: Sequence[str], smoke: bool, shapes: Sequence[Params] = ()) -> Iterator[tuple[Case, list[Candidate]]]:
+def cases(
+    ops: Sequence[str], smoke: bool, shapes: Sequence[Params] = (), dtype: str = DTYPE
+) -> Iterator[tuple[Case, list[Candidate]]]:
     """``(case, candidates)`` per op and bf16 target shape (its bf16 smoke shape, and fewer candidates, on a CPU);
     ``shapes`` replace the targets (each a target's params with some of them changed)."""
     from benchmarks.cases import OPS as CASE_OPS
 
     for op in ops:
         plan = CASE_OPS[op]
-        chosen_shapes = [({**plan.targets[0][0], **shape}, DTYPE) for shape in shapes] or plan.targets
-        for params, dtype in plan.smoke if smoke else chosen_shapes:
-            if dtype == DTYPE:
+        chosen_shapes = [({**plan.targets[0][0], **shape}, dtype) for shape in shapes] or plan.targets
+        for params, case_dtype in plan.smoke if smoke else chosen_shapes:
+            if case_dtype == dtype:
                 chosen = candidates(op, params)
-                yield plan.build(params, dtype), chosen[: 1 + SMOKE_CANDIDATES] if smoke else chosen
+                yield plan.build(params, case_dtype), chosen[: 1 + SMOKE_CANDIDATES] if smoke else chosen
 
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -241,7 +242,7 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     providers.prepare_process()
     policy = SMOKE_POLICY if args.smoke else Policy(budget_s=args.time_per_measurement)
     start, rows, out = time.monotonic(), [], args.out / "row_tiling.jsonl"
-    for case, chosen in cases(args.op, args.smoke, args.shape):
+    for case, chosen in cases(args.op, args.smoke, args.shape, args.dtype):
         rows += tiling_sweep.sweep_case(case, chosen, tilings(case.op, case.params), policy, args.smoke, out, start)
     return rows
 
@@ -257,6 +258,7 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="shapes instead of the targets, each the target's params it changes: hidden=1024 tokens=8192,hidden=512",
     )
+    cli.add_argument("--dtype", choices=("bfloat16", "float32"), default=DTYPE, help="the inputs' dtype")
     return cli
 
 
@@ -272,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point."""
     args = parser().parse_args(argv)
     if args.registers:
-        tiling_sweep.print_registers(cases(args.op, smoke=False, shapes=args.shape))
+        tiling_sweep.print_registers(cases(args.op, smoke=False, shapes=args.shape, dtype=args.dtype))
         return
     print(tiling_sweep.report(sweep(args), args.out / "row_tiling.txt"), flush=True)
 
