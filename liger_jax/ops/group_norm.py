@@ -218,18 +218,18 @@ def group_tiling(
     min_channels = override.block_d or MIN_BLOCK_CHANNELS
     groups_per_block = min(next_power_of_2(cdiv(min_channels, group_size)), next_power_of_2(num_groups))
     block_c = next_power_of_2(groups_per_block * group_size)
+    split_chunk_tokens = override.block_rows or max(1, SPLIT_CHUNK_ELEMENTS // block_c)
     splits, lag = override.token_splits, override.split_lag
     if splits is None:
         sms = _tiling.multiprocessor_count()
         few_programs = n_batch * cdiv(num_groups, groups_per_block) <= SPLIT_PROGRAMS_PER_SM * sms
-        split_chunk_tokens = override.block_rows or max(1, SPLIT_CHUNK_ELEMENTS // block_c)
         long_runs = n_tokens >= RULE_TOKEN_SPLITS * MIN_SPLIT_CHUNKS * split_chunk_tokens
         splits = RULE_TOKEN_SPLITS if few_programs and long_runs else 1
         lag = lag or SPLIT_LAG_PER_SM * sms
-    chunk_elements, elements_per_warp = (
-        (SPLIT_CHUNK_ELEMENTS, SPLIT_ELEMENTS_PER_WARP) if splits > 1 else (CHUNK_ELEMENTS, ELEMENTS_PER_WARP)
-    )
-    chunk_tokens = override.block_rows or max(1, chunk_elements // block_c)
+    if splits > 1:
+        chunk_tokens, elements_per_warp = split_chunk_tokens, SPLIT_ELEMENTS_PER_WARP
+    else:
+        chunk_tokens, elements_per_warp = override.block_rows or max(1, CHUNK_ELEMENTS // block_c), ELEMENTS_PER_WARP
     run = cdiv(n_tokens, splits)
     block_s = min(next_power_of_2(run), chunk_tokens)
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // elements_per_warp))
@@ -273,12 +273,19 @@ def _split_constexprs(tiling: GroupTiling, *, merges: bool) -> dict:
     return constexprs | ({"SPLIT_BLOCK": next_power_of_2(tiling.token_splits)} if merges else {})
 
 
-def _ordered_settings(tiling: GroupTiling, grid: tuple[int, int, int]) -> tuple[list, tuple[int, ...], dict]:
-    """For an ordered launch (``kernels.group_norm_ordered_fwd`` / ``_bwd``) of a pass whose split launches have
-    ``grid``: its zeroed counters' out shapes (the tickets, each unit's arrivals), its grid (both launches'
-    programs) and the constexprs it adds to the merging launch's."""
+def _ordered_settings(tiling: GroupTiling, grid: tuple[int, int, int], outputs: list) -> dict:
+    """``runtime.launch``'s settings for an ordered launch (``kernels.group_norm_ordered_fwd`` / ``_bwd``) of a pass
+    whose split launches have ``grid`` and that writes ``outputs``: those out shapes, then its zeroed counters' (the
+    tickets, each unit's arrivals), its grid (both launches' programs) and the constexprs it adds to the merging
+    launch's."""
     counters = [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.int32)]
-    return counters, (2 * math.prod(grid),), _split_constexprs(tiling, merges=True) | {"LAG": tiling.split_lag}
+    return {
+        "out_shape": [*outputs, *counters],
+        "zeroed_outputs": tuple(range(len(outputs), len(outputs) + len(counters))),
+        "grid": (2 * math.prod(grid),),
+        **_split_constexprs(tiling, merges=True),
+        "LAG": tiling.split_lag,
+    }
 
 
 # Examples (the leading axes) shard freely; a launch needs each example's tokens and channels whole.
@@ -305,17 +312,9 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
                 kernels.group_norm_fwd, x, scale, bias, out_shape=outputs, eps=epsilon, **settings
             )
         elif tiling.split_lag:
-            counters, ordered_grid, ordered_constexprs = _ordered_settings(tiling, grid)
+            ordered = _ordered_settings(tiling, grid, [*outputs, split_stats, split_stats])
             y, mean, rstd, *_ = runtime.launch(
-                kernels.group_norm_ordered_fwd,
-                x,
-                scale,
-                bias,
-                out_shape=[*outputs, split_stats, split_stats, *counters],
-                zeroed_outputs=(5, 6),
-                eps=epsilon,
-                **settings | {"grid": ordered_grid},
-                **ordered_constexprs,
+                kernels.group_norm_ordered_fwd, x, scale, bias, eps=epsilon, **settings | ordered
             )
         else:
             moments = runtime.launch(
@@ -359,18 +358,9 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
                 kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
             )
         elif tiling.split_lag:
-            counters, ordered_grid, ordered_constexprs = _ordered_settings(tiling, grid)
+            ordered = _ordered_settings(tiling, grid, [dx_shape, partial, partial])
             dx, dscale, dbias, *_ = runtime.launch(
-                kernels.group_norm_ordered_bwd,
-                dy,
-                x,
-                scale,
-                mean,
-                rstd,
-                out_shape=[dx_shape, partial, partial, *counters],
-                zeroed_outputs=(3, 4),
-                **settings | {"grid": ordered_grid},
-                **ordered_constexprs,
+                kernels.group_norm_ordered_bwd, dy, x, scale, mean, rstd, **settings | ordered
             )
         else:
             dscale, dbias = runtime.launch(
