@@ -89,6 +89,17 @@ WIDE_GRID = Grid(
     ),
     loop_from=16384,
 )
+# The backward's splits sharing their row sums (each split sums its own columns), at 16 and 8 warps (``--grid
+# exchange``), and the rule alone from 32768 columns (``--grid rule``; LayerNorm's also with its row sums apart).
+EXCHANGE_GRID = Grid(
+    TOKENS,
+    (32768, 65536),
+    (),
+    column_blocks=((8192, 16, 2, False), (8192, 8, 2, False), (8192, 16, 4, False), (8192, 8, 4, False)),
+    loop_from=16384,
+)
+RULE_GRID = Grid(TOKENS, (32768, 65536, 131072), (), column_blocks=(), loop_from=16384)
+GRIDS = {"full": GPU_GRID, "wide": WIDE_GRID, "exchange": EXCHANGE_GRID, "rule": RULE_GRID}
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
 # in one program a row and split among 3, LayerNorm's also with its row sums apart.
 SMOKE_GRID = Grid(
@@ -122,21 +133,26 @@ def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
             )
             label = f"cols{block}/w{warps}" + (f"/split{splits}" if splits else "") + ("/sums" if sums_apart else "")
             chosen.append(Candidate(label, override))
-    return tiling_sweep.distinct(chosen, functools.partial(_tilings, n_cols))
+    return tiling_sweep.distinct(chosen, functools.partial(_tilings, op, n_cols))
 
 
-def _describe(n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
-    """``rows x block_d/wW[/pf][/loop][/splitS][/sums]``: the tiling a forward or backward launch gets (``sums``:
-    LayerNorm's row sums in a kernel of their own)."""
+def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
+    """``rows x block_d/wW[/pf][/loop][/splitS][/sums]``: the tiling a forward or backward launch of ``op`` gets
+    (``splitS``: S programs share a row; ``sums``: LayerNorm's row sums in a kernel of their own)."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
+    warps, splits, sums_apart = t.num_warps, 1, False
+    if reduces_rows:
+        splits = _tiling.column_splits(n_cols, t.block_d, 2 if op == "layer_norm" else 1, override)
+        warps = _tiling.split_warps(n_cols, t.block_d, splits, t.num_warps, override)
+        sums_apart = op == "layer_norm" and _tiling.separate_row_sums(n_cols, override)
     return (
-        f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
+        f"{t.block_rows}x{t.block_d}/w{warps}"
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
-        + (f"/split{override.column_splits}" if reduces_rows and override and override.column_splits else "")
-        + ("/sums" if reduces_rows and _tiling.separate_row_sums(n_cols, override) else "")
+        + (f"/split{splits}" if splits > 1 else "")
+        + ("/sums" if sums_apart else "")
     )
 
 
@@ -150,8 +166,9 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     start, rows = time.monotonic(), []
     for case, chosen in _cases(args):
         n_cols = case.params["hidden"]
+        tilings = functools.partial(_tilings, case.op, n_cols)
         rows += tiling_sweep.sweep_case(
-            case, chosen, functools.partial(_tilings, n_cols), policy, args.smoke, args.out / "norm_tiling.jsonl", start
+            case, chosen, tilings, policy, args.smoke, args.out / "norm_tiling.jsonl", start
         )
     return rows
 
@@ -166,8 +183,8 @@ def _cases(args: argparse.Namespace):
             yield CASE_OPS[op].build(params, "bfloat16"), candidates(n_cols, args.grid, op)
 
 
-def _tilings(n_cols: int, override: TilingOverride | None) -> tuple[str, str]:
-    return _describe(n_cols, override, False), _describe(n_cols, override, True)
+def _tilings(op: str, n_cols: int, override: TilingOverride | None) -> tuple[str, str]:
+    return _describe(op, n_cols, override, False), _describe(op, n_cols, override, True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -175,7 +192,10 @@ def parser() -> argparse.ArgumentParser:
     cli = tiling_sweep.parser(__doc__.splitlines()[0], OPS, "a few tiny cases through the interpreter, on a CPU")
     cli.add_argument("--hidden", nargs="+", type=int, help="row lengths D (default: the grid's)")
     cli.add_argument(
-        "--grid", choices=("full", "wide"), default="full", help="the candidates: GPU_GRID's, or WIDE_GRID's"
+        "--grid",
+        choices=tuple(GRIDS),
+        default="full",
+        help="the candidates: GPU_GRID's, WIDE_GRID's, EXCHANGE_GRID's or RULE_GRID's",
     )
     return cli
 
@@ -183,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command line entry point."""
     args = parser().parse_args(argv)
-    args.grid = SMOKE_GRID if args.smoke else {"full": GPU_GRID, "wide": WIDE_GRID}[args.grid]
+    args.grid = SMOKE_GRID if args.smoke else GRIDS[args.grid]
     args.hidden = args.hidden or list(args.grid.hidden)
     if args.registers:
         tiling_sweep.print_registers(_cases(args))

@@ -16,12 +16,12 @@ IMPLEMENTATIONS = (KERNEL_IMPLEMENTATION, "xla")
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 # Row-kernel tilings the rule never picks at test sizes, forced with _tiling.overridden on FORCED_TILING_SHAPE:
-# column blocks of 64 (a 200-column row in 4 blocks, the last one partial; 111 rows make 4 row tiles of 32, so
-# each of the interpreter's programs adds two of them into its partial sums, the last tile partial); blocks of 32
-# shared by 3 programs a row in the backward (7 blocks, 3 a split: the last split's block partial, then two past the
-# row's end); and one tile per row without prefetching the next one.
+# column blocks of 64 walked by one program a row (a 200-column row in 4 blocks, the last one partial; 111 rows make
+# 4 row tiles of 32, so each of the interpreter's programs adds two of them into its partial sums, the last tile
+# partial); blocks of 32 shared by 3 programs a row in the backward, sharing their row sums (7 blocks, 3 a split: the
+# last split's block partial, then two past the row's end); and one tile per row without prefetching the next one.
 FORCED_TILINGS = {
-    "column_blocks": _tiling.TilingOverride(block_d=64),
+    "column_blocks": _tiling.TilingOverride(block_d=64, column_splits=1),
     "column_splits": _tiling.TilingOverride(block_d=32, column_splits=3),
     "no_prefetch": _tiling.TilingOverride(prefetch=False),
 }

@@ -152,7 +152,9 @@ def test_a_batched_input_sums_its_rows_apart_where_the_backward_walks_column_blo
 @pytest.mark.parametrize(
     ("n_cols", "override", "expected"),
     [
-        (65536, None, True),
+        (65536, None, True),  # four splits
+        (32768, None, False),  # two splits share their sums
+        (32768, _tiling.TilingOverride(separate_row_sums=True), True),
         (65536, _tiling.TilingOverride(separate_row_sums=True), True),
         (65536, _tiling.TilingOverride(separate_row_sums=False), False),
         (4096, _tiling.TilingOverride(separate_row_sums=True), False),  # one tile: its sums are in registers

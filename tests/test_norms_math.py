@@ -14,7 +14,15 @@ from jax.test_util import check_grads
 
 import liger_jax
 from liger_jax import runtime
-from liger_jax.kernels._rows import add_to_block, partial_blocks, reversed_block, split_blocks, store_blocks
+from liger_jax.kernels._rows import (
+    add_to_block,
+    arrived_splits,
+    has_arrived,
+    partial_blocks,
+    reversed_block,
+    split_blocks,
+    store_blocks,
+)
 from liger_jax.ops import _tiling
 from tests import harness
 
@@ -195,18 +203,32 @@ def test_column_blocks_match_the_closed_forms(n_cols):
 
 @pytest.mark.parametrize(
     ("n_cols", "block_d", "n_partials", "splits"),
-    [(200, 64, 2, 1), (16384, 16384, 2, 1), (32768, 8192, 1, 1), (32769, 8192, 1, 2), (32768, 8192, 2, 2),
-     (16385, 8192, 2, 2), (65536, 8192, 2, 4), (65537, 8192, 1, 4), (262144, 8192, 8, 32)],
+    [(200, 64, 2, 2), (192, 64, 1, 1), (16384, 16384, 2, 1), (24576, 8192, 1, 1), (32768, 8192, 1, 2),
+     (32769, 8192, 1, 2), (32768, 8192, 2, 2), (16385, 8192, 2, 2), (65536, 8192, 2, 4), (65537, 8192, 1, 4),
+     (262144, 8192, 8, 32)],
 )  # fmt: skip
 def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(n_cols, block_d, n_partials, splits):
-    # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; a row of one
-    # tile is never split; at one block a split, no further.
-    assert _tiling.MAX_REGISTER_PARTIALS == 32768
+    # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; at least two
+    # splits from four blocks (three blocks of one sum stay whole); a row of one tile is never split; at one block a
+    # split, no further.
+    assert (_tiling.MAX_REGISTER_PARTIALS, _tiling.SHARED_SUMS_MIN_BLOCKS) == (32768, 4)
     assert _tiling.column_splits(n_cols, block_d, n_partials) == splits
     forced = _tiling.TilingOverride(column_splits=3)
     assert _tiling.column_splits(n_cols, block_d, n_partials, forced) == (1 if n_cols <= block_d else 3)
     with pytest.raises(ValueError, match="column_splits must be at least 1"):
         _tiling.TilingOverride(column_splits=0)
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "splits", "override", "warps"),
+    [(65536, 2, None, 8), (131072, 4, None, 8), (32768, 2, None, 16), (65536, 4, None, 16), (16384, 1, None, 16),
+     (65536, 2, _tiling.TilingOverride(num_warps=4), 4)],
+)  # fmt: skip
+def test_a_split_of_four_column_blocks_or_more_runs_eight_warps(n_cols, splits, override, warps):
+    # 8192-column blocks: four or more a split take SPLIT_WIDE_WARPS, fewer (or one tile) keep the tiling's 16.
+    assert (_tiling.SPLIT_WIDE_BLOCKS, _tiling.SPLIT_WIDE_WARPS) == (4, 8)
+    block_d = min(8192, n_cols)
+    assert _tiling.split_warps(n_cols, block_d, splits, 16, override) == warps
 
 
 @triton.jit
@@ -276,3 +298,85 @@ def test_rows_split_among_programs_match_the_closed_forms(op, n_cols):
     y, grads = actual
     for value, closed in zip((y, *grads), expected, strict=True):
         _assert_close(value, closed)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_the_splits_of_a_row_share_their_own_columns_sums(op, monkeypatch):
+    # Three splits of a 200-column row in blocks of 32 (96, 96 and 8 columns): every row tile's arrivals name all
+    # three, and each split stored the sums of exactly its own columns (float64 closed forms), so no split needed
+    # another's columns.
+    backward_results = []
+
+    def launch_and_keep(kernel, *args, out_shape, **settings):
+        results = launch(kernel, *args, out_shape=out_shape, **settings)
+        if kernel.fn.__name__.endswith("_bwd"):  # traced: the values come back when the backward runs
+            jax.debug.callback(lambda *values: backward_results.append(values), *results)
+        return results
+
+    launch = runtime.launch
+    monkeypatch.setattr(runtime, "launch", launch_and_keep)
+    shape, own = (111, 200), 96
+    x, scale, bias, dy = (_normal(70 + i, s) for i, s in enumerate([shape, shape[1:], shape[1:], shape]))
+    kwargs = {"epsilon": EPSILON, "implementation": harness.KERNEL_IMPLEMENTATION}
+    xs, dys = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    with _tiling.overridden(_tiling.TilingOverride(block_d=32, column_splits=3, separate_row_sums=False)):
+        if op == "rms_norm":
+            jax.vjp(lambda x: liger_jax.rms_norm(x, scale, offset=1.0, **kwargs), x)[1](dy)
+            normed = xs / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + EPSILON)
+            terms = [dys * (1.0 + np.asarray(scale, np.float64)) * normed]
+        else:
+            jax.vjp(lambda x: liger_jax.layer_norm(x, scale, bias, **kwargs), x)[1](dy)
+            centred = xs - xs.mean(axis=-1, keepdims=True)
+            g = dys * np.asarray(scale, np.float64)
+            terms = [g, g * centred / np.sqrt(np.mean(centred**2, axis=-1, keepdims=True) + EPSILON)]
+    (results,) = backward_results
+    *split_sums, arrivals = results[-len(terms) - 1 :]
+    n_tiles = _tiling.cdiv(shape[0], _tiling.row_tiling(200, reduces_rows=True, override=None).block_rows)
+    np.testing.assert_array_equal(np.asarray(arrivals)[:n_tiles], 0b111)
+    for stored, term in zip(split_sums, terms, strict=True):
+        expected = np.stack([term[:, s * own : (s + 1) * own].sum(axis=-1) for s in range(3)])
+        _assert_close(stored, expected)
+
+
+@triton.jit
+def _poll_arrivals(arrivals_ptr, polled_ptr, arrived_ptr, TILE: tl.constexpr, COLUMN_SPLITS: tl.constexpr):
+    """Stores what ``arrived_splits`` sees of row tile TILE; ``arrived_ptr`` is ``arrivals_ptr`` again, returned."""
+    tl.store(polled_ptr, arrived_splits(arrivals_ptr, TILE, COLUMN_SPLITS))
+
+
+@pytest.mark.parametrize("arrived", [0b101, 0b111, 0])
+def test_polling_reads_which_splits_arrived_and_writes_nothing(arrived):
+    # Splits 0 and 2 of three arrived on tile 1 (or all, or none): polling returns that mask and leaves every tile's
+    # arrivals as they were (a poll that set a bit would tell another split that sums not yet stored had arrived).
+    arrivals = jnp.asarray([0b010, arrived, 0b001], jnp.int32)
+    polled, after = runtime.launch(
+        _poll_arrivals,
+        arrivals,
+        out_shape=[jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((3,), jnp.int32)],
+        grid=(1,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        input_output_aliases={0: 1},
+        TILE=1,
+        COLUMN_SPLITS=3,
+    )
+    assert int(polled) == arrived
+    np.testing.assert_array_equal(after, [0b010, arrived, 0b001])
+
+
+@triton.jit
+def _arrivals_seen(out_ptr, ARRIVED: tl.constexpr):
+    """Stores has_arrived(ARRIVED, s) for splits 0-3."""
+    splits = tl.arange(0, 4)
+    tl.store(out_ptr + splits, has_arrived(tl.full((4,), ARRIVED, tl.int32), splits).to(tl.int32))
+
+
+@pytest.mark.parametrize("arrived", [0b0000, 0b0101, 0b1010, 0b0110, 0b1111])
+def test_a_split_has_arrived_exactly_where_its_bit_is_set(arrived):
+    seen = runtime.launch(
+        _arrivals_seen,
+        out_shape=jax.ShapeDtypeStruct((4,), jnp.int32),
+        grid=(1,),
+        implementation=harness.KERNEL_IMPLEMENTATION,
+        ARRIVED=arrived,
+    )
+    np.testing.assert_array_equal(seen, [(arrived >> split) & 1 for split in range(4)])

@@ -8,10 +8,13 @@ value into a tensor, and ``range`` of a tensor fails there.)
 
 A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. The norms' backward
 kernels keep them in registers, as [blocks, BLOCK_D], also for rows walked in column blocks: there COLUMN_SPLITS
-programs share each row (neighbours in launch order: :func:`program_and_split`), each reads the whole row for the row
-statistics (from L2 after the first) and then writes dx and sums the partials of its own :func:`split_blocks` only, so
-its partials stay within the registers (``liger_jax.ops._tiling.column_splits`` picks the count). DyT's backward,
-which needs no row statistic, adds each row tile's sums to its row of partials in memory instead
+programs share each row (neighbours in launch order: :func:`program_and_split`), each sums its own :func:`split_blocks`
+for the row statistics, stores the sums and reads the other splits' (:func:`announce_split_sums`,
+:func:`arrived_splits`), then writes dx and sums the partials of its own blocks only (read again from L1 or L2), so its
+partials stay within the registers (``liger_jax.ops._tiling.column_splits`` picks the count). A split whose partner's
+sums have not arrived after SPLIT_SUMS_POLLS polls sums the partner's columns itself with the same code, so the value
+is the same bit for bit and no program waits on one that is not running (the interpreter runs one at a time). DyT's
+backward, which needs no row statistic, adds each row tile's sums to its row of partials in memory instead
 (:func:`add_to_partial`).
 
 ``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
@@ -114,6 +117,53 @@ def program_and_split():
     neighbours in launch order, so they run at the same time and all but one read the whole row in their first
     pass from L2."""
     return tl.program_id(1).to(tl.int64), tl.program_id(0)
+
+
+# How many times a split polls for the others' row sums of a tile before it sums their columns itself: the splits of
+# a row run side by side, so the others' sums are usually stored by the time a split has its own; a split whose
+# partner is not running (or a program of the interpreter, which runs one program at a time) stops waiting.
+SPLIT_SUMS_POLLS = tl.constexpr(64)
+
+
+@triton.jit
+def store_split_sum(split_sums_ptr, split, rows, n_rows, value):
+    """Stores a split's row sums ``value`` [BLOCK_ROWS] fp32 of ``rows`` into ``split_sums`` [COLUMN_SPLITS,
+    n_rows] at row ``split``."""
+    tl.store(split_sums_ptr + split * n_rows + rows, value, mask=rows < n_rows)
+
+
+@triton.jit
+def load_split_sum(split_sums_ptr, split, rows, n_rows):
+    """Another split's row sums [BLOCK_ROWS] fp32 of ``rows`` (see :func:`store_split_sum`), read past L1 (.cg): a line
+    read earlier on this multiprocessor may be stale."""
+    return tl.load(split_sums_ptr + split * n_rows + rows, mask=rows < n_rows, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def announce_split_sums(arrivals_ptr, tile_index, split):
+    """Marks ``split``'s row sums of row tile ``tile_index`` stored (bit ``split`` of the tile's arrivals), after
+    every thread of the program has stored its share."""
+    tl.debug_barrier()
+    tl.atomic_or(arrivals_ptr + tile_index, 1 << split, sem="release", scope="gpu")
+
+
+@triton.jit
+def arrived_splits(arrivals_ptr, tile_index, COLUMN_SPLITS: tl.constexpr):
+    """The bit mask of the splits whose row sums of row tile ``tile_index`` are stored, polled until all
+    COLUMN_SPLITS have arrived or SPLIT_SUMS_POLLS polls have passed."""
+    everyone = (1 << COLUMN_SPLITS) - 1
+    arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
+    polls = 0
+    while (arrived != everyone) & (polls < SPLIT_SUMS_POLLS):
+        arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
+        polls += 1
+    return arrived
+
+
+@triton.jit
+def has_arrived(arrived, split):
+    """Whether ``split``'s sums are among ``arrived`` (a mask from :func:`arrived_splits`)."""
+    return ((arrived >> split) & 1) == 1
 
 
 @triton.jit

@@ -5,8 +5,9 @@ elements apart. Everything is computed in fp32 and y is rounded once, to y's dty
 E[x²] - E[x]² (cancellation): a row that fits one tile gets two exact passes over registers, mean then
 mean((x - mean)²); a longer row, walked in column blocks (see ``liger_jax.kernels._rows``), gets each block's mean
 and centred sum of squares exactly and merges them with Chan et al.'s pairwise update, then a second pass
-normalises block by block. The backward likewise: one pass for the row sums, one for dx (for long rows, the row
-sums may come from a kernel of their own, ``layer_norm_bwd_row_sums``).
+normalises block by block. The backward likewise: one pass for the row sums (each of a row's splits its own columns,
+the splits sharing their sums), one for dx (for long rows, the row sums may come from a kernel of their own,
+``layer_norm_bwd_row_sums``).
 """
 
 import triton
@@ -14,6 +15,10 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
+    announce_split_sums,
+    arrived_splits,
+    has_arrived,
+    load_split_sum,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -22,6 +27,7 @@ from liger_jax.kernels._rows import (
     row_block,
     split_blocks,
     store_blocks,
+    store_split_sum,
     tile,
 )
 
@@ -114,23 +120,77 @@ def _row_sums_in_column_blocks(
     mean,
     rstd,
     rows,
+    first_col,
     n_rows,
-    n_cols,
-    row_stride,
+    N_BLOCKS: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g and Σ g · n [BLOCK_ROWS] fp32 of ``rows``, reading them one column block at a time (one block for a row
-    that fits one)."""
+    """Σ g and Σ g · n [BLOCK_ROWS] fp32 of ``rows`` over N_BLOCKS column blocks from ``first_col``, one block at a
+    time."""
     sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
     sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-    for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-        cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+    for block in range(N_BLOCKS):
+        cols, offsets, mask = tile(rows, first_col + block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
         dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
         normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
         block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
         sum_g += block_g
         sum_gn += block_gn
+    return sum_g, sum_gn
+
+
+@triton.jit
+def _shared_row_sums(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    split_g_ptr,
+    split_gn_ptr,
+    arrivals_ptr,
+    mean,
+    rstd,
+    rows,
+    row_tile,
+    split,
+    n_rows,
+    COLUMN_SPLITS: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Σ g and Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``): this split sums its own
+    columns and shares the sums (see ``_rows.announce_split_sums``); the other splits' come from theirs, or, where
+    one has not arrived, from their columns summed here the same way (the same values)."""
+    OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    own_g, own_gn = _row_sums_in_column_blocks(
+        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split * OWN_BLOCKS * BLOCK_D, n_rows,
+        OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
+    sum_g, sum_gn = own_g, own_gn
+    if COLUMN_SPLITS > 1:
+        store_split_sum(split_g_ptr, split, rows, n_rows, own_g)
+        store_split_sum(split_gn_ptr, split, rows, n_rows, own_gn)
+        announce_split_sums(arrivals_ptr, row_tile, split)
+        arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
+        sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for other in tl.static_range(COLUMN_SPLITS):
+            part_g, part_gn = own_g, own_gn
+            if other != split:
+                if has_arrived(arrived, other):
+                    part_g = load_split_sum(split_g_ptr, other, rows, n_rows)
+                    part_gn = load_split_sum(split_gn_ptr, other, rows, n_rows)
+                else:
+                    part_g, part_gn = _row_sums_in_column_blocks(
+                        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, other * OWN_BLOCKS * BLOCK_D, n_rows,
+                        OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+                    )  # fmt: skip
+            sum_g += part_g
+            sum_gn += part_gn
     return sum_g, sum_gn
 
 
@@ -155,7 +215,19 @@ def layer_norm_bwd_row_sums(
     mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
     sum_g, sum_gn = _row_sums_in_column_blocks(
-        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
+        dy_ptr,
+        x_ptr,
+        scale_ptr,
+        mean,
+        rstd,
+        rows,
+        0,
+        n_rows,
+        split_blocks(n_cols, BLOCK_D, 1),
+        n_cols,
+        row_stride,
+        BLOCK_ROWS,
+        BLOCK_D,
     )
     tl.store(sum_g_ptr + rows, sum_g, mask=rows < n_rows)
     tl.store(sum_gn_ptr + rows, sum_gn, mask=rows < n_rows)
@@ -254,6 +326,9 @@ def _backward_in_column_blocks(
     dx_ptr,
     dscale_partial_ptr,
     dbias_partial_ptr,
+    split_g_ptr,
+    split_gn_ptr,
+    arrivals_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     SUMS_GIVEN: tl.constexpr,
@@ -262,25 +337,28 @@ def _backward_in_column_blocks(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g and Σ g · n (read
-    from sum_g and sum_gn instead with SUMS_GIVEN), then one over this program's split of the columns for dx, dscale
-    and dbias, whose partial sums stay in registers (see ``liger_jax.kernels._rows``)."""
+    """The backward of rows longer than a tile: per row tile, Σ g and Σ g · n over the row (each split sums its own
+    columns and the splits share their sums; read from sum_g and sum_gn instead with SUMS_GIVEN), then one pass over
+    this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
+    ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     dbias = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
+        row_tile = pid * TILES_PER_PROGRAM + tile_index
+        rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
         mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
         if SUMS_GIVEN:
             sum_g = tl.load(sum_g_ptr + rows, mask=rows < n_rows, other=0.0)
             sum_gn = tl.load(sum_gn_ptr + rows, mask=rows < n_rows, other=0.0)
         else:
-            sum_g, sum_gn = _row_sums_in_column_blocks(
-                dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D
-            )
+            sum_g, sum_gn = _shared_row_sums(
+                dy_ptr, x_ptr, scale_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, mean, rstd, rows, row_tile, split,
+                n_rows, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            )  # fmt: skip
         for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
@@ -309,6 +387,9 @@ def layer_norm_bwd(
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
+    split_g_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g over its columns
+    split_gn_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
+    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
     SUMS_GIVEN: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
@@ -334,5 +415,6 @@ def layer_norm_bwd(
     else:
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, sum_g_ptr, sum_gn_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            dbias_partial_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            dbias_partial_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN,
+            n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

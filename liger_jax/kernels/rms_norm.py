@@ -6,8 +6,9 @@ elements apart. Statistics are always accumulated in fp32. The fused-add kernels
 
 A row that fits one tile (``n_cols <= BLOCK_D``) is loaded once and kept in registers. A longer row is walked in
 column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² and then normalises block by block; the
-backward sums g · n over the row and then writes dx over its split of the columns, adding each block's dscale into
-the program's partial sums in registers (see ``liger_jax.kernels._rows``).
+backward sums g · n over the row (each of a row's splits its own columns, the splits sharing their sums) and then writes
+dx over its split of the columns, adding each block's dscale into the program's partial sums in registers (see
+``liger_jax.kernels._rows``).
 """
 
 import triton
@@ -15,6 +16,10 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
+    announce_split_sums,
+    arrived_splits,
+    has_arrived,
+    load_split_sum,
     load_tile_again,
     load_weights_again,
     partial_blocks,
@@ -23,6 +28,7 @@ from liger_jax.kernels._rows import (
     row_block,
     split_blocks,
     store_blocks,
+    store_split_sum,
     tile,
 )
 
@@ -302,6 +308,80 @@ def _backward_in_tiles(
 
 
 @triton.jit
+def _split_sum_g_normed(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    rstd,
+    rows,
+    first_col,
+    n_rows,
+    offset: tl.constexpr,
+    N_BLOCKS: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Σ g · n [BLOCK_ROWS] fp32 of ``rows`` over N_BLOCKS column blocks from ``first_col`` (see ``_g_normed``)."""
+    # Summed across the warps once, not once a block: no barrier holds a warp back from its next loads.
+    gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
+    for block in range(N_BLOCKS):
+        cols, offsets, mask = tile(rows, first_col + block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        gn += _g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
+    return tl.sum(gn, axis=1)
+
+
+@triton.jit
+def _row_sum_g_normed(
+    dy_ptr,
+    x_ptr,
+    scale_ptr,
+    split_sums_ptr,
+    arrivals_ptr,
+    rstd,
+    rows,
+    tile_index,
+    split,
+    n_rows,
+    offset: tl.constexpr,
+    COLUMN_SPLITS: tl.constexpr,
+    n_cols: tl.constexpr,
+    row_stride: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``tile_index``): this split sums its own
+    columns and shares the sums (see ``_rows.announce_split_sums``); the other splits' come from theirs, or, where
+    one has not arrived, from their columns summed here the same way (the same value; see ``_rows``)."""
+    OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    own = _split_sum_g_normed(
+        dy_ptr, x_ptr, scale_ptr, rstd, rows, split * OWN_BLOCKS * BLOCK_D, n_rows,
+        offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
+    total = own
+    if COLUMN_SPLITS > 1:
+        store_split_sum(split_sums_ptr, split, rows, n_rows, own)
+        announce_split_sums(arrivals_ptr, tile_index, split)
+        arrived = arrived_splits(arrivals_ptr, tile_index, COLUMN_SPLITS)
+        total = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for other in tl.static_range(COLUMN_SPLITS):
+            part = own
+            if other != split:
+                if has_arrived(arrived, other):
+                    part = load_split_sum(split_sums_ptr, other, rows, n_rows)
+                else:
+                    part = _split_sum_g_normed(
+                        dy_ptr, x_ptr, scale_ptr, rstd, rows, other * OWN_BLOCKS * BLOCK_D, n_rows,
+                        offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+                    )  # fmt: skip
+            total += part
+    return total
+
+
+@triton.jit
 def _backward_in_column_blocks(
     dy_ptr,
     dsum_ptr,
@@ -311,6 +391,8 @@ def _backward_in_column_blocks(
     n_rows,
     dx_ptr,
     dscale_partial_ptr,
+    split_sums_ptr,
+    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -321,24 +403,22 @@ def _backward_in_column_blocks(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """The backward of rows longer than a tile: per row tile, one pass over the whole row for Σ g · n, then one over
-    this program's split of the columns for dx and dscale, whose partial sums stay in registers (see
-    ``liger_jax.kernels._rows``)."""
+    """The backward of rows longer than a tile: per row tile, Σ g · n over the row (each split sums its own columns
+    and the splits share their sums), then one pass over this program's split of the columns for dx and dscale,
+    whose partial sums stay in registers (see ``liger_jax.kernels._rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     for tile_index in range(TILES_PER_PROGRAM):
-        rows = row_block((pid * TILES_PER_PROGRAM + tile_index) * BLOCK_ROWS, BLOCK_ROWS)
+        row_tile = pid * TILES_PER_PROGRAM + tile_index
+        rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        # Summed across the warps once a row, not once a block: no barrier holds a warp back from its next loads.
-        gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
-        for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
-            cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-            gn += _g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
-        mean_gn = tl.sum(gn, axis=1) / n_cols
+        sum_gn = _row_sum_g_normed(
+            dy_ptr, x_ptr, scale_ptr, split_sums_ptr, arrivals_ptr, rstd, rows, row_tile, split, n_rows,
+            offset, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+        mean_gn = sum_gn / n_cols
         for step in range(OWN_BLOCKS):
             first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
@@ -361,6 +441,8 @@ def _backward(
     n_rows,
     dx_ptr,
     dscale_partial_ptr,
+    split_sums_ptr,
+    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -385,8 +467,9 @@ def _backward(
         )  # fmt: skip
     else:
         _backward_in_column_blocks(
-            dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
+            arrivals_ptr, offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride,
+            BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
 
@@ -399,6 +482,8 @@ def rms_norm_bwd(
     n_rows,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
+    split_sums_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
+    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -412,8 +497,9 @@ def rms_norm_bwd(
     """dx row by row (see ``_gradients``) and per-program partial sums of dscale (see ``_backward``)."""
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
-        dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-        offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
+        arrivals_ptr, offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
 
@@ -427,6 +513,8 @@ def fused_add_rms_norm_bwd(
     n_rows,
     ds_ptr,  # [n_rows, n_cols] x.dtype, the cotangent of x and of residual
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
+    split_sums_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
+    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -442,6 +530,7 @@ def fused_add_rms_norm_bwd(
     Each element of dsum is read before ds is written at the same offset, so ds may alias dsum.
     """
     _backward(
-        dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr,
-        offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr, split_sums_ptr,
+        arrivals_ptr, offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

@@ -81,14 +81,17 @@ MIN_KERNEL_ELEMENTS: dict[str, int] = {
 # two runs): RMSNorm 1.19-1.20x, LayerNorm 1.00x, fused add 1.34x at 65536; at 131072 0.94-0.95x, 0.61x, 1.03x.
 # RMSNorm's limit rises to 65536 on the H100's numbers (the H200's 0.97x predates both changes, which took 12% off
 # the H100's step there); LayerNorm's stayed, a tie at 65536. Then LayerNorm's backward summed its rows in a kernel
-# of their own (_tiling.SEPARATE_ROW_SUMS; 2026-12-07, H100, 4096 rows): 1.48x at 32768, 1.51x at 65536, 1.43x at
-# 131072, and its limit rises to 131072.
+# of their own (2026-12-07, H100, 4096 rows): 1.48x at 32768, 1.51x at 65536, 1.43x at 131072, and its limit rises
+# to 131072. Then the backward's splits of a row shared their row sums (_tiling.SHARED_SUMS_MIN_BLOCKS; same day,
+# H100, 4096 rows, one run with the rule before): RMSNorm 1.32x, 1.18x, 1.11x at 32768, 65536, 131072 (0.94x at
+# 131072 before), fused add 1.72x, 1.45x, 1.35x (1.01x at 131072 before), LayerNorm 1.54x at 32768; the limits of
+# RMSNorm and the fused add rise to 131072.
 # DyT (16384 rows) at 32768 columns: 0.71x XLA with the rule's column blocks, 0.85x with the best candidate
 # (benchmarks.row_tiling), 1.55x at 16384; modulated RMSNorm (4 × 4096 rows): 1.85x at 8192, 0.67x at 16384.
 MAX_KERNEL_COLS: dict[str, int] = {
-    "rms_norm": 65536,
+    "rms_norm": 131072,
     "layer_norm": 131072,
-    "fused_add_rms_norm": 65536,
+    "fused_add_rms_norm": 131072,
     "dyt": 16384,
     "modulated_rms_norm": 8192,
 }

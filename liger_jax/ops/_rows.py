@@ -53,6 +53,7 @@ def row_launcher(
     implementation: runtime.Implementation,
     aliases: tuple[tuple[int, int], ...] = (),
     column_splits: bool = False,
+    shared_sums: int = 0,
     walks_tiles: bool = False,
     **constexprs,
 ) -> Callable[..., tuple[jax.Array, ...]]:
@@ -68,6 +69,9 @@ def row_launcher(
         column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
             in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
             ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
+        shared_sums: how many fp32 sums per row the column splits of a row share: the kernel then takes, after the
+            outputs' pointers, one ``[COLUMN_SPLITS, n_rows]`` fp32 buffer per sum and one ``[row tiles]`` int32 of
+            arrivals, zeroed (see ``liger_jax.kernels._rows.announce_split_sums``); scratch the launch drops.
         walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
             ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
@@ -85,6 +89,7 @@ def row_launcher(
         implementation=implementation,
         aliases=aliases,
         column_splits=column_splits,
+        shared_sums=shared_sums,
         walks_tiles=walks_tiles,
         override=_tiling.current_override(),
         **constexprs,
@@ -93,7 +98,17 @@ def row_launcher(
 
 @functools.cache
 def _row_launcher(
-    kernel, outputs, *, row_argnums, implementation, aliases, column_splits, walks_tiles, override, **constexprs
+    kernel,
+    outputs,
+    *,
+    row_argnums,
+    implementation,
+    aliases,
+    column_splits,
+    shared_sums,
+    walks_tiles,
+    override,
+    **constexprs,
 ):
     """:func:`row_launcher` for one tiling override (None: the rule's tiling)."""
     reduces_rows = any(isinstance(spec, ColumnSum) for spec in outputs)
@@ -102,10 +117,11 @@ def _row_launcher(
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
-        splits = 1
+        splits, num_warps = 1, tiling.num_warps
         if column_splits:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
+            num_warps = _tiling.split_warps(n_cols, tiling.block_d, splits, num_warps, override)
         if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
         else:
@@ -119,14 +135,18 @@ def _row_launcher(
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
         ]
+        scratch = [jax.ShapeDtypeStruct((splits, n_rows), jnp.float32)] * shared_sums
+        if shared_sums:
+            scratch.append(jax.ShapeDtypeStruct((programs * tiles_per_program,), jnp.int32))
         results = runtime.launch(
             kernel,
             *flat,
             n_rows,
-            out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs],
+            out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs] + scratch,
             grid=(splits, programs) if column_splits else (programs,),
             implementation=implementation,
-            num_warps=tiling.num_warps,
+            zeroed_outputs=(len(outputs) + shared_sums,) if shared_sums else (),
+            num_warps=num_warps,
             num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
             **constexprs,
@@ -136,6 +156,7 @@ def _row_launcher(
             BLOCK_ROWS=tiling.block_rows,
             BLOCK_D=tiling.block_d,
         )
+        results = results[: len(outputs)]
         return tuple(_finished(spec, result, operands) for spec, result in zip(outputs, results, strict=True))
 
     sharded = partitioned(

@@ -60,13 +60,26 @@ MAX_WARPS = 32
 # 32768 columns (1 split) and at 65536 (2 splits), LayerNorm's dscale and dbias 124 at 32768 (2) and at 65536 (4),
 # no spills; one split more, 100 and 89. Twice the sums a program spill 504-3068 bytes a thread.
 MAX_REGISTER_PARTIALS = 32768
-# Whether LayerNorm's backward sums its rows in a kernel of their own where it walks column blocks (see
-# separate_row_sums). Its column-block kernel then reads each split's own columns only, where each of the row's
-# splits read the whole row for the sums before (the second read from L2, but every split's). The row sums' kernel
-# reads the rows once more from HBM, at the forward's tiling. H100, 4096 rows, bf16, one run with XLA in it, backward
-# ms (fwd+bwd vs XLA): 32768 columns 0.543 → 0.515 (1.43x → 1.48x), 65536 1.681 → 0.948 (0.98x → 1.51x), 131072
-# 5.815 → 1.866 (0.60x → 1.43x); 8 splits instead of the rule's 2-8 within 3%.
-SEPARATE_ROW_SUMS = True
+# The splits of a row share their row sums: each sums its own columns, stores them and reads the others'
+# (liger_jax.kernels._rows.announce_split_sums), so no split reads another's columns. Rows of this many column blocks
+# or more get at least two splits, whose programs each hold half the row's partial sums. H100, 4096 rows, bf16,
+# backward ms against each split reading the whole row for the sums (one run with both): fused add+RMSNorm at 32768
+# columns 0.457-0.470 (one program a row) → 0.389-0.406 (two splits), at 65536 1.03-1.08 → 0.89-0.92 (two splits of
+# 8 warps); RMSNorm 0.394 → 0.386-0.395 at 32768 and 0.860-0.867 → 0.886 at 65536; LayerNorm at 32768 0.516-0.526
+# (row sums apart) → 0.496-0.501.
+SHARED_SUMS_MIN_BLOCKS = 4
+# A split that owns this many column blocks or more runs SPLIT_WIDE_WARPS warps (ptxas: 242 registers a thread for
+# RMSNorm's and the fused add's 4 blocks, no spills): at 65536 columns the fused add's backward 0.890-0.921 ms
+# against 1.064-1.091 at 16 warps, RMSNorm's 0.886 against 1.020-1.046; at 2 blocks a split 16 warps win (fused add
+# 0.389-0.406 against 0.539).
+SPLIT_WIDE_BLOCKS = 4
+SPLIT_WIDE_WARPS = 8
+# LayerNorm's backward sums its rows in a kernel of their own where a row is shared by this many splits or more (see
+# separate_row_sums): its column-block kernel then reads only each split's own columns, and the row sums' kernel
+# reads the rows once more from HBM, at the forward's tiling. H100, 4096 rows, bf16, backward ms: at 65536 columns
+# 0.952-0.966 against 1.002-1.016 with the 4 splits sharing their sums (and 1.681 with each reading the whole row);
+# at 131072 1.866 against 5.815 reading whole rows.
+SEPARATE_ROW_SUMS_MIN_SPLITS = 4
 # Programs per multiprocessor for kernels that reduce across rows: enough resident programs to keep HBM busy,
 # few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
 PROGRAMS_PER_SM = 4
@@ -222,24 +235,40 @@ def row_tiling(
 
 def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOverride | None = None) -> int:
     """How many programs share each row of ``n_cols`` in a backward kernel that walks column blocks of ``block_d``
-    and sums ``n_partials`` weight gradients over rows: each reads the whole row for the row statistics, then writes
-    dx and sums the partials of its own share of the blocks (``liger_jax.kernels._rows.split_blocks``), which must
-    fit MAX_REGISTER_PARTIALS fp32 registers. 1 for a row of one tile; else the override's count if it sets one."""
-    blocks, splits = cdiv(n_cols, block_d), 1
+    and sums ``n_partials`` weight gradients over rows: each sums its own columns for the row statistics and shares
+    the sums with the others (``liger_jax.kernels._rows.announce_split_sums``), then writes dx and sums the partials
+    of its own :func:`split_blocks` only, which must fit MAX_REGISTER_PARTIALS fp32 registers; at least two from
+    SHARED_SUMS_MIN_BLOCKS blocks. 1 for a row of one tile; else the override's count if it sets one."""
+    blocks = cdiv(n_cols, block_d)
     if blocks > 1 and override is not None and override.column_splits is not None:
         return override.column_splits
+    splits = 2 if blocks >= SHARED_SUMS_MIN_BLOCKS else 1
     while splits < blocks and n_partials * next_power_of_2(cdiv(blocks, splits)) * block_d > MAX_REGISTER_PARTIALS:
         splits *= 2
     return splits
 
 
+def split_warps(n_cols: int, block_d: int, splits: int, num_warps: int, override: TilingOverride | None = None) -> int:
+    """The warps of a backward program that owns its split of a row of ``n_cols`` in column blocks of ``block_d``:
+    SPLIT_WIDE_WARPS where a split owns SPLIT_WIDE_BLOCKS blocks or more, else ``num_warps`` (the tiling's); the
+    override's warps where it sets them."""
+    if override is not None and override.num_warps is not None:
+        return override.num_warps
+    walks_blocks = block_d < n_cols
+    return SPLIT_WIDE_WARPS if walks_blocks and cdiv(cdiv(n_cols, block_d), splits) >= SPLIT_WIDE_BLOCKS else num_warps
+
+
 def separate_row_sums(n_cols: int, override: TilingOverride | None = None) -> bool:
     """Whether LayerNorm's backward on rows of ``n_cols`` first sums each row (Σ g, Σ g · n) in a kernel of its own,
-    so that its column-block kernel reads only each split's own columns (not the whole row in every split): where
-    the backward walks column blocks, unless ``override`` says otherwise."""
-    walks_blocks = row_tiling(n_cols, reduces_rows=True, override=override).block_d < n_cols
-    chosen = override.separate_row_sums if override and override.separate_row_sums is not None else SEPARATE_ROW_SUMS
-    return walks_blocks and chosen
+    so that its column-block kernel reads only each split's own columns and shares no sums: where
+    SEPARATE_ROW_SUMS_MIN_SPLITS splits or more share a row, or wherever the backward walks column blocks if
+    ``override`` says so."""
+    tiling = row_tiling(n_cols, reduces_rows=True, override=override)
+    if tiling.block_d >= n_cols:
+        return False
+    if override is not None and override.separate_row_sums is not None:
+        return override.separate_row_sums
+    return column_splits(n_cols, tiling.block_d, 2, override) >= SEPARATE_ROW_SUMS_MIN_SPLITS
 
 
 @functools.cache

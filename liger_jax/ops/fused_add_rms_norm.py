@@ -185,6 +185,7 @@ def _backward(offset, casting_mode, implementation):
         row_argnums=(0, 1, 2, 4),
         implementation=implementation,
         column_splits=True,
+        shared_sums=1,
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],
     )
