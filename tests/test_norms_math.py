@@ -203,9 +203,9 @@ def test_column_blocks_match_the_closed_forms(n_cols):
 
 @pytest.mark.parametrize(
     ("n_cols", "block_d", "n_partials", "splits"),
-    [(200, 64, 2, 2), (192, 64, 1, 1), (16384, 16384, 2, 1), (16384, 8192, 2, 1), (24576, 8192, 1, 1), (32768, 8192, 1, 2),
-     (32769, 8192, 1, 2), (32768, 8192, 2, 2), (16385, 8192, 2, 2), (65536, 8192, 2, 4), (65537, 8192, 1, 4),
-     (262144, 8192, 8, 32)],
+    [(200, 64, 2, 2), (192, 64, 1, 1), (16384, 16384, 2, 1), (16384, 8192, 2, 1), (24576, 8192, 1, 1),
+     (32768, 8192, 1, 2), (32769, 8192, 1, 2), (32768, 8192, 2, 2), (16385, 8192, 2, 2), (65536, 8192, 2, 4),
+     (65537, 8192, 1, 4), (262144, 8192, 8, 32)],
 )  # fmt: skip
 def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(n_cols, block_d, n_partials, splits):
     # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; at least two
