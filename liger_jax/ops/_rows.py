@@ -52,7 +52,6 @@ def row_launcher(
     row_argnums: tuple[int, ...],
     implementation: runtime.Implementation,
     aliases: tuple[tuple[int, int], ...] = (),
-    column_splits: bool = False,
     shared_sums: int = 0,
     walks_tiles: bool = False,
     **constexprs,
@@ -66,12 +65,13 @@ def row_launcher(
             statistics ``[...]``. The remaining operands (weights ``[D]``) are passed as they are.
         implementation: ``"triton"`` or ``"interpret"``.
         aliases: ``(operand, output)`` pairs whose buffers may be shared (the operand is dead after the call).
-        column_splits: whether the kernel takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked
-            in column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
-            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``).
-        shared_sums: how many fp32 sums per row the column splits of a row share: the kernel then takes, after the
-            outputs' pointers, one ``[COLUMN_SPLITS, n_rows]`` fp32 buffer per sum and one ``[row tiles]`` int32 of
-            arrivals, zeroed (see ``liger_jax.kernels._rows.announce_split_sums``); scratch the launch drops.
+        shared_sums: for a kernel that takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked in
+            column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
+            ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``): how many fp32 sums per row
+            the splits share. The kernel then takes, after the outputs' pointers, one ``[COLUMN_SPLITS, n_rows]``
+            fp32 buffer per sum and one ``[row tiles]`` int32 of arrivals, zeroed (see
+            ``liger_jax.kernels._rows.announce_split_sums``): scratch the launch drops (one element each where no
+            row is split). 0: the kernel splits no row.
         walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
             ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
@@ -88,7 +88,6 @@ def row_launcher(
         row_argnums=row_argnums,
         implementation=implementation,
         aliases=aliases,
-        column_splits=column_splits,
         shared_sums=shared_sums,
         walks_tiles=walks_tiles,
         override=_tiling.current_override(),
@@ -104,7 +103,6 @@ def _row_launcher(
     row_argnums,
     implementation,
     aliases,
-    column_splits,
     shared_sums,
     walks_tiles,
     override,
@@ -118,7 +116,7 @@ def _row_launcher(
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
         splits, num_warps = 1, tiling.num_warps
-        if column_splits:
+        if shared_sums:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
             num_warps = _tiling.split_warps(n_cols, tiling.block_d, splits, num_warps, override)
@@ -129,23 +127,21 @@ def _row_launcher(
         grid_constexprs = {}
         if reduces_rows or walks_tiles:
             grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
-        if column_splits:
+        if shared_sums:
             grid_constexprs["COLUMN_SPLITS"] = splits
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
         ]
-        scratch = [jax.ShapeDtypeStruct((splits, n_rows), jnp.float32)] * shared_sums
-        if shared_sums:
-            scratch.append(jax.ShapeDtypeStruct((programs * tiles_per_program,), jnp.int32))
+        scratch = _shared_sums_scratch(shared_sums, splits, n_rows, programs * tiles_per_program)
         results = runtime.launch(
             kernel,
             *flat,
             n_rows,
             out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs] + scratch,
-            grid=(splits, programs) if column_splits else (programs,),
+            grid=(splits, programs) if shared_sums else (programs,),
             implementation=implementation,
-            zeroed_outputs=(len(outputs) + shared_sums,) if shared_sums else (),
+            zeroed_outputs=(len(outputs) + shared_sums,) if shared_sums and splits > 1 else (),
             num_warps=num_warps,
             num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
@@ -166,6 +162,18 @@ def _row_launcher(
         partial_sums=[i for i, spec in enumerate(outputs) if isinstance(spec, ColumnSum)],
     )
     return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=reduces_rows)
+
+
+def _shared_sums_scratch(shared_sums: int, splits: int, n_rows: int, row_tiles: int) -> list[jax.ShapeDtypeStruct]:
+    """The buffers a kernel whose column splits share ``shared_sums`` row sums takes after its outputs: each sum's
+    ``[splits, n_rows]`` fp32 and the row tiles' int32 arrivals (to be zeroed); one element each where a row is not
+    split (the kernel never reads them, and nothing is zeroed)."""
+    if not shared_sums:
+        return []
+    if splits == 1:
+        return [jax.ShapeDtypeStruct((1,), jnp.float32)] * shared_sums + [jax.ShapeDtypeStruct((1,), jnp.int32)]
+    sums = [jax.ShapeDtypeStruct((splits, n_rows), jnp.float32)] * shared_sums
+    return [*sums, jax.ShapeDtypeStruct((row_tiles,), jnp.int32)]
 
 
 def _sharding_rule(outputs: tuple[Output, ...], row_argnums: tuple[int, ...], *operands) -> str:

@@ -184,7 +184,6 @@ def _backward(offset, casting_mode, implementation):
         (Rows(), ColumnSum()),
         row_argnums=(0, 1, 2, 4),
         implementation=implementation,
-        column_splits=True,
         shared_sums=1,
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],

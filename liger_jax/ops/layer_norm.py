@@ -145,7 +145,6 @@ def _backward(implementation, sums_given):
         (Rows(), ColumnSum(), ColumnSum()),
         row_argnums=(0, 1, 3, 4, 5, 6),
         implementation=implementation,
-        column_splits=True,
         shared_sums=2,
         SUMS_GIVEN=sums_given,
     )

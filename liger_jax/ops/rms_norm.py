@@ -153,7 +153,6 @@ def _backward_launcher(offset, casting_mode, implementation):
         (Rows(), ColumnSum()),
         row_argnums=(0, 1, 3),
         implementation=implementation,
-        column_splits=True,
         shared_sums=1,
         offset=offset,
         CASTING=_CASTING_CODES[casting_mode],
