@@ -215,20 +215,9 @@ def layer_norm_bwd_row_sums(
     mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
     sum_g, sum_gn = _row_sums_in_column_blocks(
-        dy_ptr,
-        x_ptr,
-        scale_ptr,
-        mean,
-        rstd,
-        rows,
-        0,
-        n_rows,
-        split_blocks(n_cols, BLOCK_D, 1),
-        n_cols,
-        row_stride,
-        BLOCK_ROWS,
-        BLOCK_D,
-    )
+        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, 0, n_rows,
+        split_blocks(n_cols, BLOCK_D, 1), n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+    )  # fmt: skip
     tl.store(sum_g_ptr + rows, sum_g, mask=rows < n_rows)
     tl.store(sum_gn_ptr + rows, sum_gn, mask=rows < n_rows)
 
