@@ -343,7 +343,7 @@ def _row_sum_g_normed(
     arrivals_ptr,
     rstd,
     rows,
-    tile_index,
+    row_tile,
     split,
     n_rows,
     offset: tl.constexpr,
@@ -353,7 +353,7 @@ def _row_sum_g_normed(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``tile_index``): this split sums its own
+    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``): this split sums its own
     columns and shares the sums (see ``_rows.announce_split_sums``); the other splits' come from theirs, or, where
     one has not arrived, from their columns summed here the same way (the same value; see ``_rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
@@ -364,8 +364,8 @@ def _row_sum_g_normed(
     total = own
     if COLUMN_SPLITS > 1:
         store_split_sum(split_sums_ptr, split, rows, n_rows, own)
-        announce_split_sums(arrivals_ptr, tile_index, split)
-        arrived = arrived_splits(arrivals_ptr, tile_index, COLUMN_SPLITS)
+        announce_split_sums(arrivals_ptr, row_tile, split)
+        arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
         total = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for other in tl.static_range(COLUMN_SPLITS):
             part = own
