@@ -144,8 +144,7 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
     warps, splits, sums_apart = t.num_warps, 1, False
     if reduces_rows:
-        splits = _tiling.column_splits(n_cols, t.block_d, 2 if op == "layer_norm" else 1, override)
-        warps = _tiling.split_warps(n_cols, t.block_d, splits, t.num_warps, override)
+        splits, warps = _tiling.split_launch(n_cols, t, 2 if op == "layer_norm" else 1, override)
         sums_apart = op == "layer_norm" and _tiling.separate_row_sums(n_cols, override)
     return (
         f"{t.block_rows}x{t.block_d}/w{warps}"

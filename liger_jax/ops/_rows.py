@@ -118,8 +118,7 @@ def _row_launcher(
         splits, num_warps = 1, tiling.num_warps
         if shared_sums:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
-            splits = _tiling.column_splits(n_cols, tiling.block_d, n_sums, override)
-            num_warps = _tiling.split_warps(n_cols, tiling.block_d, splits, num_warps, override)
+            splits, num_warps = _tiling.split_launch(n_cols, tiling, n_sums, override)
         if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
         else:

@@ -258,6 +258,15 @@ def split_warps(n_cols: int, block_d: int, splits: int, num_warps: int, override
     return SPLIT_WIDE_WARPS if walks_blocks and cdiv(cdiv(n_cols, block_d), splits) >= SPLIT_WIDE_BLOCKS else num_warps
 
 
+def split_launch(
+    n_cols: int, tiling: RowTiling, n_partials: int, override: TilingOverride | None = None
+) -> tuple[int, int]:
+    """``(splits, warps)`` of a backward launch that walks rows of ``n_cols`` at ``tiling`` and sums ``n_partials``
+    weight gradients over rows: :func:`column_splits`' count and :func:`split_warps`' warps for it."""
+    splits = column_splits(n_cols, tiling.block_d, n_partials, override)
+    return splits, split_warps(n_cols, tiling.block_d, splits, tiling.num_warps, override)
+
+
 def separate_row_sums(n_cols: int, override: TilingOverride | None = None) -> bool:
     """Whether LayerNorm's backward on rows of ``n_cols`` first sums each row (Σ g, Σ g · n) in a kernel of its own,
     so that its column-block kernel reads only each split's own columns and shares no sums: where
