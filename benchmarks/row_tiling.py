@@ -67,8 +67,6 @@ def _label(override: TilingOverride) -> str:
     texts = [f"{short}{getattr(override, name)}" for name, short in parts.items() if getattr(override, name)]
     if override.prefetch is not None:
         texts.append("pf" if override.prefetch else "no-pf")
-    if override.split_exchange:
-        texts.append("ex")
     return "/".join(texts)
 
 
@@ -128,13 +126,8 @@ DIVERGENCE_ALTERNATIVES = (
 )
 # Around GroupNorm's rule (64-channel blocks, and at the target its 128 programs' tokens split in 16, each pass one
 # ordered launch whose statistics run 132 items ahead, in chunks of 128 tokens at 4 warps): the rule before (4 splits
-# of 512-token chunks at 16 warps, 66 ahead), 256-token chunks at 8 warps and 8 splits, other splits and lags; each
-# pass read once, its runs exchanging their statistics (16 or 32 splits, the run one chunk, at two warp counts).
+# of 512-token chunks at 16 warps, 66 ahead), 256-token chunks at 8 warps and 8 splits, other splits and lags.
 GROUP_ALTERNATIVES = (
-    {"token_splits": 16, "split_exchange": True},
-    {"token_splits": 16, "num_warps": 16, "split_exchange": True},
-    {"token_splits": 32, "split_exchange": True},
-    {"token_splits": 32, "num_warps": 8, "split_exchange": True},
     {"block_rows": 512, "num_warps": 16, "token_splits": 4, "split_lag": 66},
     {"block_rows": 256, "num_warps": 8, "token_splits": 8, "split_lag": 132},
     {"token_splits": 16, "split_lag": 264},
@@ -221,7 +214,6 @@ def _group_tilings(params: Params, override: TilingOverride | None) -> tuple[str
         + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
         + (f"/t{t.token_splits}" if t.token_splits > 1 else "")
         + (f"/l{t.split_lag}" if t.split_lag else "")
-        + ("/ex" if t.exchange else "")
     )
     return text, text
 

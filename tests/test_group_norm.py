@@ -121,12 +121,6 @@ def test_check_grads_fp32_kernel_and_float64_reference():
         ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, block_rows=1, token_splits=5, split_lag=1 << 20)),
         ((2, 11, 120), 40, _tiling.TilingOverride(token_splits=2, split_lag=3)),
         ((2, 11, 60), 5, _tiling.TilingOverride(block_d=16, token_splits=2, split_lag=2)),
-        # Each pass read once, the splits exchanging their statistics: runs of 16 tokens (the last 5), one-token runs
-        # of groups of 3 channels, a partial block, and 32 runs of 2 tokens (every bit of the arrivals).
-        ((2, 37, 48), 6, _tiling.TilingOverride(block_d=16, token_splits=3, split_exchange=True)),
-        ((1, 5, 24), 8, _tiling.TilingOverride(block_d=8, token_splits=5, split_exchange=True)),
-        ((2, 11, 120), 40, _tiling.TilingOverride(token_splits=2, split_exchange=True)),
-        ((1, 64, 32), 4, _tiling.TilingOverride(block_d=16, token_splits=32, split_exchange=True)),
     ],
     ids=[
         "chunks",
@@ -140,10 +134,6 @@ def test_check_grads_fp32_kernel_and_float64_reference():
         "ordered_statistics_first",
         "ordered_partial_block",
         "ordered_last_block_one_group",
-        "exchange_runs",
-        "exchange_one_token_runs",
-        "exchange_partial_block",
-        "exchange_32_splits",
     ],
 )
 def test_forced_chunks_and_blocks_match_float64_reference(shape, num_groups, override):
@@ -322,54 +312,21 @@ def test_ordered_launches_draw_every_ticket_once_and_count_every_arrival(monkeyp
 
     def spy(kernel, *args, **settings):
         outputs = launch(kernel, *args, **settings)
-        if kernel.__name__.startswith(("group_norm_ordered_", "group_norm_exchange_")):
+        if kernel.__name__.startswith("group_norm_ordered_"):
             expected = (settings["grid"][0], settings["SPLITS"])
             jax.debug.callback(lambda *c: counters.append((expected, *map(np.asarray, c))), *outputs[-2:])
         return outputs
 
     monkeypatch.setattr(runtime, "launch", spy)
     primals = _inputs(21, (3, 23, 48), jnp.float32)
-    ordered = _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=3, split_lag=5)
-    exchange = _tiling.TilingOverride(block_d=16, token_splits=3, split_exchange=True)
-    for override in (ordered, exchange):
-        with _tiling.overridden(override):
-            _, vjp = jax.vjp(_op(harness.KERNEL_IMPLEMENTATION, 6), *primals)
-            jax.block_until_ready(vjp(harness.random_normal(22, (3, 23, 48), jnp.float32)))
-    assert len(counters) == 4  # each tiling's forward launch and backward launch
-    for (programs, splits), tickets, arrivals in counters[:2]:
+    override = _tiling.TilingOverride(block_d=16, block_rows=4, token_splits=3, split_lag=5)
+    with _tiling.overridden(override):
+        _, vjp = jax.vjp(_op(harness.KERNEL_IMPLEMENTATION, 6), *primals)
+        jax.block_until_ready(vjp(harness.random_normal(22, (3, 23, 48), jnp.float32)))
+    assert len(counters) == 2  # the forward's launch and the backward's
+    for (programs, splits), tickets, arrivals in counters:
         assert tickets.tolist() == [programs]
         assert arrivals.tolist() == [splits] * (programs // (2 * splits))
-    # An exchange launch's program is both items of its split; each sets its own bit of its unit's arrivals.
-    for (programs, splits), tickets, arrivals in counters[2:]:
-        assert tickets.tolist() == [programs]
-        assert arrivals.tolist() == [(1 << splits) - 1] * (programs // splits)
-
-
-@pytest.mark.parametrize(
-    ("n_tokens", "splits", "block_s", "warps"),
-    [(4096, 16, 256, 8), (4096, 32, 128, 4), (4095, 24, 256, 8), (37, 3, 16, 4)],
-)
-def test_an_exchange_runs_each_split_as_one_chunk(n_tokens, splits, block_s, warps):
-    # The run is the splits' share of the tokens up to a power of two (fewer splits where that leaves one empty), one
-    # chunk at 2048 elements a warp; no lag.
-    override = _tiling.TilingOverride(token_splits=splits, split_exchange=True, split_lag=7, block_rows=8)
-    tiling = group_norm_op.group_tiling(n_tokens, 512, 32, override)
-    assert tiling.exchange and tiling.split_lag is None
-    assert (tiling.block_s, tiling.tokens_per_split, tiling.num_warps) == (block_s, block_s, warps)
-    assert tiling.token_splits == -(-n_tokens // block_s)
-
-
-def test_an_exchange_needs_splits_and_runs_that_fit():
-    # Forced on, an exchange takes the rule's splits where it splits (16 here), and nothing where it does not.
-    exchange = _tiling.TilingOverride(split_exchange=True)
-    assert group_norm_op.group_tiling(4096, 512, 32, exchange).exchange
-    assert not group_norm_op.group_tiling(4096, 512, 32, exchange, n_batch=300).exchange
-    unsplit = _tiling.TilingOverride(token_splits=1, split_exchange=True)
-    assert not group_norm_op.group_tiling(4096, 512, 32, unsplit).exchange
-    with pytest.raises(ValueError, match="at most 32 token splits"):
-        group_norm_op.group_tiling(4096, 512, 32, _tiling.TilingOverride(token_splits=64, split_exchange=True))
-    with pytest.raises(ValueError, match="65536 elements"):
-        group_norm_op.group_tiling(65536, 512, 32, _tiling.TilingOverride(token_splits=16, split_exchange=True))
 
 
 @pytest.mark.parametrize(("splits", "lag", "expected"), [(2, None, None), (2, 1, 2), (4, 132, 132), (1, 132, None)])

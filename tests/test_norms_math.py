@@ -16,7 +16,6 @@ import liger_jax
 from liger_jax import runtime
 from liger_jax.kernels._rows import (
     add_to_block,
-    all_arrived,
     arrived_splits,
     has_arrived,
     partial_blocks,
@@ -383,25 +382,3 @@ def test_a_split_has_arrived_exactly_where_its_bit_is_set(arrived):
         ARRIVED=arrived,
     )
     np.testing.assert_array_equal(seen, [(arrived >> split) & 1 for split in range(4)])
-
-
-@triton.jit
-def _everyone_seen(arrived_ptr, out_ptr, SPLITS: tl.constexpr):
-    """Stores all_arrived of the int32 mask at ``arrived_ptr`` among SPLITS splits."""
-    tl.store(out_ptr, all_arrived(tl.load(arrived_ptr), SPLITS).to(tl.int32))
-
-
-@pytest.mark.parametrize("splits", [1, 3, 31, 32])
-def test_everyone_has_arrived_only_when_every_bit_is_set(splits):
-    # 32 splits set the int32's sign bit: the comparison must still see the mask whole.
-    everyone = (1 << splits) - 1
-    for arrived, expected in ((everyone, 1), (everyone & ~(1 << (splits - 1)), 0), (everyone & ~1, 0)):
-        seen = runtime.launch(
-            _everyone_seen,
-            jnp.asarray(np.array([arrived], np.uint32).view(np.int32)),
-            out_shape=jax.ShapeDtypeStruct((), jnp.int32),
-            grid=(1,),
-            implementation=harness.KERNEL_IMPLEMENTATION,
-            SPLITS=splits,
-        )
-        assert int(seen) == expected, (splits, int(arrived))

@@ -151,19 +151,13 @@ def announce_split_sums(arrivals_ptr, tile_index, split):
 def arrived_splits(arrivals_ptr, tile_index, COLUMN_SPLITS: tl.constexpr):
     """The bit mask of the splits whose row sums of row tile ``tile_index`` are stored, polled until all
     COLUMN_SPLITS have arrived or SPLIT_SUMS_POLLS polls have passed."""
+    everyone = (1 << COLUMN_SPLITS) - 1
     arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
     polls = 0
-    while (not all_arrived(arrived, COLUMN_SPLITS)) & (polls < SPLIT_SUMS_POLLS):
+    while (arrived != everyone) & (polls < SPLIT_SUMS_POLLS):
         arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
         polls += 1
     return arrived
-
-
-@triton.jit
-def all_arrived(arrived, COLUMN_SPLITS: tl.constexpr):
-    """Whether ``arrived`` (a mask from :func:`arrived_splits`) names all COLUMN_SPLITS splits (up to 32: the
-    comparison with 2³² - 1 is unsigned)."""
-    return arrived == (1 << COLUMN_SPLITS) - 1
 
 
 @triton.jit

@@ -26,19 +26,10 @@ and ``group_norm_ordered_bwd``, where the tiling sets a lag): its programs take 
 in the order of a ticket each draws from an atomic count (so whatever an item waits for is held by a program already
 running); a unit's statistics items run LAG items ahead of its output items, so a run's second read follows its first
 while it is likely in L2, and an output item spins until all of its unit's statistics have arrived.
-
-Or a split pass reads its data once (``group_norm_exchange_fwd`` and ``group_norm_exchange_bwd``, where the tiling
-says ``exchange``): each run is one chunk, which its program keeps in registers while it stores its statistics, marks
-them stored in its unit's arrivals and polls for the other splits' (``liger_jax.kernels._rows``' protocol, the unit
-as the tile); the splits of a unit take consecutive tickets, so they run side by side, and a split whose statistics
-have not arrived after the polls is computed from its run by the same code (the same value, bit for bit: no program
-waits on one that is not running, and the interpreter, one program at a time, takes that path).
 """
 
 import triton
 import triton.language as tl
-
-from liger_jax.kernels._rows import all_arrived, announce_split_sums, arrived_splits, has_arrived
 
 
 @triton.jit
@@ -368,27 +359,6 @@ def _split_moments_item(
 
 
 @triton.jit
-def _merged_splits(
-    split_mean,
-    split_squares,
-    eps: tl.constexpr,
-    n_tokens: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    TOKENS_PER_SPLIT: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-):
-    """Each group's fp32 (mean, rstd) [GROUPS_PER_BLOCK] from its splits' means and centred sums of squares
-    [SPLIT_BLOCK, GROUPS_PER_BLOCK] (0 past the last split), by Chan et al. over the splits: the mean weighted by each
-    split's tokens, the squares with each split's spread."""
-    first_tokens = tl.arange(0, SPLIT_BLOCK) * TOKENS_PER_SPLIT
-    counts = tl.minimum(tl.maximum(n_tokens - first_tokens, 0), TOKENS_PER_SPLIT).to(tl.float32)[:, None]
-    mean = tl.sum(counts * split_mean, axis=0) / n_tokens
-    spread = split_mean - mean[None, :]
-    squares = tl.sum(split_squares + counts * GROUP_SIZE * spread * spread, axis=0)
-    return mean, _rstd(squares, eps, n_tokens, GROUP_SIZE)
-
-
-@triton.jit
 def _split_fwd_item(
     x_ptr,
     scale_ptr,
@@ -422,7 +392,13 @@ def _split_fwd_item(
     offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)
     split_mean = tl.load(split_mean_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE)
     split_squares = tl.load(split_squares_ptr + offsets, mask=valid, other=0.0, cache_modifier=CACHE)
-    mean, rstd = _merged_splits(split_mean, split_squares, eps, n_tokens, GROUP_SIZE, TOKENS_PER_SPLIT, SPLIT_BLOCK)
+    # Chan et al. over the splits: the mean weighted by each split's tokens, the squares with each split's spread.
+    first_tokens = tl.arange(0, SPLIT_BLOCK) * TOKENS_PER_SPLIT
+    counts = tl.minimum(tl.maximum(n_tokens - first_tokens, 0), TOKENS_PER_SPLIT).to(tl.float32)[:, None]
+    mean = tl.sum(counts * split_mean, axis=0) / n_tokens
+    spread = split_mean - mean[None, :]
+    squares = tl.sum(split_squares + counts * GROUP_SIZE * spread * spread, axis=0)
+    rstd = _rstd(squares, eps, n_tokens, GROUP_SIZE)
     scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
     first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
     _store_run_y(
@@ -696,13 +672,6 @@ def _load_chunk(dy_ptr, x_ptr, offsets, mask):
 
 
 @triton.jit
-def _chunk_sums(dy, x, mean, rstd):
-    """Per-channel fp32 Σ dy · x̂ and Σ dy [BLOCK_C] over a chunk (dy and x [BLOCK_S, BLOCK_C] fp32, 0 where masked;
-    mean and rstd per channel)."""
-    return tl.sum(dy * (x - mean[None, :]), axis=0) * rstd, tl.sum(dy, axis=0)
-
-
-@triton.jit
 def _run_sums(
     dy_ptr,
     x_ptr,
@@ -728,9 +697,8 @@ def _run_sums(
             batch, first_token + chunk * BLOCK_S, first_token + count, channels, own, n_tokens, n_channels, BLOCK_S
         )
         dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-        chunk_dy_xhat, chunk_dy = _chunk_sums(dy, x, mean, rstd)
-        sum_dy_xhat += chunk_dy_xhat
-        sum_dy += chunk_dy
+        sum_dy_xhat += tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
+        sum_dy += tl.sum(dy, axis=0)
     return sum_dy_xhat, sum_dy
 
 
@@ -801,7 +769,8 @@ def group_norm_bwd(
         # One chunk: read once, kept in registers for dx.
         offsets, mask = _chunk(batch, 0, n_tokens, channels, own, n_tokens, n_channels, BLOCK_S)
         dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-        sum_dy_xhat, sum_dy = _chunk_sums(dy, x, mean, rstd)
+        sum_dy_xhat = tl.sum(dy * (x - mean[None, :]), axis=0) * rstd
+        sum_dy = tl.sum(dy, axis=0)
         _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, batch, channels, own, n_channels)
         mean_dy_xhat, mean_dy = _group_means(scale, sum_dy_xhat, sum_dy, membership, count)
         _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)
@@ -1115,170 +1084,3 @@ def group_norm_ordered_bwd(
             SPLIT_BLOCK,
             ".cg",
         )
-
-
-@triton.jit
-def _exchange_item(tickets_ptr, SPLITS: tl.constexpr, n_groups: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
-    """(unit, batch, block, split) of this program of an exchange launch: the splits of a unit take consecutive
-    tickets (:func:`_ticket`), so they run side by side."""
-    ticket = _ticket(tickets_ptr)
-    unit = ticket // SPLITS
-    batch, block = _unit_position(unit, n_groups, GROUPS_PER_BLOCK)
-    return unit, batch, block, ticket % SPLITS
-
-
-@triton.jit
-def _split_chunk(
-    batch,
-    split,
-    channels,
-    own,
-    n_tokens: tl.constexpr,
-    n_channels: tl.constexpr,
-    TOKENS_PER_SPLIT: tl.constexpr,
-):
-    """Offsets, mask and token count of split ``split``'s run as one chunk of TOKENS_PER_SPLIT tokens (see
-    :func:`_chunk`)."""
-    first_token, count = _split_run(split, n_tokens, TOKENS_PER_SPLIT)
-    offsets, mask = _chunk(
-        batch, first_token, first_token + count, channels, own, n_tokens, n_channels, TOKENS_PER_SPLIT
-    )
-    return offsets, mask, count
-
-
-@triton.jit
-def _chunk_group_moments(x, mask, count, membership, GROUP_SIZE: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Each group's fp32 mean and centred sum of squares [GROUPS_PER_BLOCK] over a run that is one chunk ``x``
-    [BLOCK_S, BLOCK_C] fp32 of ``count`` tokens."""
-    zeros = tl.zeros((x.shape[1],), dtype=tl.float32)
-    channel_mean, channel_squares = _merged_moments(zeros, zeros, x, mask, 0, count, BLOCK_S)
-    return _group_moments(channel_mean, channel_squares, membership, count, GROUP_SIZE)
-
-
-@triton.jit
-def _with_split_row(rows, split, values):
-    """``rows`` [SPLIT_BLOCK, n] with row ``split`` replaced by ``values`` [n]."""
-    here = tl.arange(0, rows.shape[0])[:, None] == split
-    return tl.where(here, values[None, :], rows)
-
-
-@triton.jit
-def group_norm_exchange_fwd(
-    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    scale_ptr,  # [n_channels] scale.dtype
-    bias_ptr,  # [n_channels] bias.dtype
-    y_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    mean_ptr,  # [n_batch, n_groups] fp32
-    rstd_ptr,  # [n_batch, n_groups] fp32
-    split_mean_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's group means
-    split_squares_ptr,  # [n_batch, SPLITS, n_groups] fp32: each split's centred sums of squares
-    tickets_ptr,  # [1] int32, zeroed
-    arrivals_ptr,  # [n_batch · n_blocks] int32, zeroed: bit s set once split s's moments are stored
-    eps: tl.constexpr,
-    n_tokens: tl.constexpr,
-    n_channels: tl.constexpr,
-    n_groups: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    GROUPS_PER_BLOCK: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # TOKENS_PER_SPLIT: a run is one chunk
-    BLOCK_C: tl.constexpr,
-    SPLITS: tl.constexpr,
-    TOKENS_PER_SPLIT: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
-):
-    """Both passes in one read (grid: n_batch · n_blocks · SPLITS programs): a program keeps its run in registers,
-    shares its groups' moments with its unit's other splits and merges theirs (a split's that has not arrived is
-    computed here from its run, the same value), then writes its run's y; split 0 stores mean and rstd."""
-    unit, batch, block, split = _exchange_item(tickets_ptr, SPLITS, n_groups, GROUPS_PER_BLOCK)
-    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    offsets, mask, count = _split_chunk(batch, split, channels, own, n_tokens, n_channels, TOKENS_PER_SPLIT)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    mean, squares = _chunk_group_moments(x, mask, count, membership, GROUP_SIZE, BLOCK_S)
-    _store_group_values(split_mean_ptr, mean, batch * SPLITS + split, block, n_groups, GROUPS_PER_BLOCK)
-    _store_group_values(split_squares_ptr, squares, batch * SPLITS + split, block, n_groups, GROUPS_PER_BLOCK)
-    announce_split_sums(arrivals_ptr, unit, split)
-    arrived = arrived_splits(arrivals_ptr, unit, SPLITS)
-    groups = block * GROUPS_PER_BLOCK + tl.arange(0, GROUPS_PER_BLOCK)
-    split_offsets, valid = _split_offsets(batch, groups, groups < n_groups, SPLITS, n_groups, SPLIT_BLOCK)
-    present = valid & has_arrived(arrived, tl.arange(0, SPLIT_BLOCK))[:, None]
-    split_mean = tl.load(split_mean_ptr + split_offsets, mask=present, other=0.0, cache_modifier=".cg")
-    split_squares = tl.load(split_squares_ptr + split_offsets, mask=present, other=0.0, cache_modifier=".cg")
-    if not all_arrived(arrived, SPLITS):
-        for other in range(SPLITS):
-            if not has_arrived(arrived, other):
-                other_offsets, other_mask, other_count = _split_chunk(
-                    batch, other, channels, own, n_tokens, n_channels, TOKENS_PER_SPLIT
-                )
-                other_x = tl.load(x_ptr + other_offsets, mask=other_mask, other=0.0).to(tl.float32)
-                other_mean, other_squares = _chunk_group_moments(
-                    other_x, other_mask, other_count, membership, GROUP_SIZE, BLOCK_S
-                )
-                split_mean = _with_split_row(split_mean, other, other_mean)
-                split_squares = _with_split_row(split_squares, other, other_squares)
-        # Read again: on this path the run leaves the registers to the other runs'.
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    mean, rstd = _merged_splits(split_mean, split_squares, eps, n_tokens, GROUP_SIZE, TOKENS_PER_SPLIT, SPLIT_BLOCK)
-    scale, bias = _load_channels(scale_ptr, channels, n_channels), _load_channels(bias_ptr, channels, n_channels)
-    _store_y(x, _per_channel(mean, membership), _per_channel(rstd, membership), scale, bias, y_ptr, offsets, mask)
-    if split == 0:
-        _store_group_values(mean_ptr, mean, batch, block, n_groups, GROUPS_PER_BLOCK)
-        _store_group_values(rstd_ptr, rstd, batch, block, n_groups, GROUPS_PER_BLOCK)
-
-
-@triton.jit
-def group_norm_exchange_bwd(
-    dy_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    x_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    scale_ptr,  # [n_channels] scale.dtype
-    mean_ptr,  # [n_batch, n_groups] fp32
-    rstd_ptr,  # [n_batch, n_groups] fp32
-    dx_ptr,  # [n_batch, n_tokens, n_channels] x.dtype
-    dscale_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy · x̂
-    dbias_partial_ptr,  # [n_batch, SPLITS, n_channels] fp32: Σ over the split's tokens of dy
-    tickets_ptr,  # [1] int32, zeroed
-    arrivals_ptr,  # [n_batch · n_blocks] int32, zeroed: bit s set once split s's sums are stored
-    n_tokens: tl.constexpr,
-    n_channels: tl.constexpr,
-    n_groups: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
-    GROUPS_PER_BLOCK: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # TOKENS_PER_SPLIT: a run is one chunk
-    BLOCK_C: tl.constexpr,
-    SPLITS: tl.constexpr,
-    TOKENS_PER_SPLIT: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,  # SPLITS up to a power of two
-):
-    """The backward's passes in one read, as ``group_norm_exchange_fwd`` runs the forward's: a program keeps its
-    run's dy and x in registers, stores its channels' Σ dy · x̂ and Σ dy (dscale's and dbias's partials), adds its
-    unit's other splits' and writes its run's dx (see ``_store_dx``)."""
-    unit, batch, block, split = _exchange_item(tickets_ptr, SPLITS, n_groups, GROUPS_PER_BLOCK)
-    membership, channels, own = _block(block, n_channels, GROUP_SIZE, GROUPS_PER_BLOCK, BLOCK_C)
-    mean, rstd = _channel_statistics(mean_ptr, rstd_ptr, batch, block, membership, n_groups, GROUPS_PER_BLOCK)
-    offsets, mask, _ = _split_chunk(batch, split, channels, own, n_tokens, n_channels, TOKENS_PER_SPLIT)
-    dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-    sum_dy_xhat, sum_dy = _chunk_sums(dy, x, mean, rstd)
-    row = batch * SPLITS + split
-    _store_partials(dscale_partial_ptr, dbias_partial_ptr, sum_dy_xhat, sum_dy, row, channels, own, n_channels)
-    announce_split_sums(arrivals_ptr, unit, split)
-    arrived = arrived_splits(arrivals_ptr, unit, SPLITS)
-    split_offsets, valid = _split_offsets(batch, channels, own, SPLITS, n_channels, SPLIT_BLOCK)
-    present = valid & has_arrived(arrived, tl.arange(0, SPLIT_BLOCK))[:, None]
-    split_dy_xhat = tl.load(dscale_partial_ptr + split_offsets, mask=present, other=0.0, cache_modifier=".cg")
-    split_dy = tl.load(dbias_partial_ptr + split_offsets, mask=present, other=0.0, cache_modifier=".cg")
-    if not all_arrived(arrived, SPLITS):
-        for other in range(SPLITS):
-            if not has_arrived(arrived, other):
-                other_offsets, other_mask, _ = _split_chunk(
-                    batch, other, channels, own, n_tokens, n_channels, TOKENS_PER_SPLIT
-                )
-                other_dy, other_x = _load_chunk(dy_ptr, x_ptr, other_offsets, other_mask)
-                other_dy_xhat, other_sum_dy = _chunk_sums(other_dy, other_x, mean, rstd)
-                split_dy_xhat = _with_split_row(split_dy_xhat, other, other_dy_xhat)
-                split_dy = _with_split_row(split_dy, other, other_sum_dy)
-        # Read again, as in group_norm_exchange_fwd.
-        dy, x = _load_chunk(dy_ptr, x_ptr, offsets, mask)
-    scale = _load_channels(scale_ptr, channels, n_channels)
-    mean_dy_xhat, mean_dy = _group_means(
-        scale, tl.sum(split_dy_xhat, axis=0), tl.sum(split_dy, axis=0), membership, n_tokens * GROUP_SIZE
-    )
-    _store_dx(dy, x, mean, rstd, scale, mean_dy_xhat, mean_dy, dx_ptr, offsets, mask)

@@ -138,9 +138,6 @@ class TilingOverride:
             of its tokens (see ``group_norm.group_tiling``); any count ≥ 1.
         split_lag: with token splits, GroupNorm runs each pass as one launch whose statistics items run this many
             items ahead of its output items (at least the splits; ``kernels.group_norm``) instead of two launches.
-        split_exchange: with token splits, GroupNorm runs each pass as one launch whose programs keep their run (one
-            chunk) in registers and share their statistics with their unit's other splits (``kernels.group_norm``)
-            instead of reading it twice; the lag is then unused.
         separate_row_sums: whether LayerNorm's backward sums its rows in a kernel of their own where it walks them
             in column blocks (see :func:`separate_row_sums`).
     """
@@ -153,7 +150,6 @@ class TilingOverride:
     column_splits: int | None = None
     token_splits: int | None = None
     split_lag: int | None = None
-    split_exchange: bool | None = None
     separate_row_sums: bool | None = None
 
     def __post_init__(self):

@@ -48,10 +48,6 @@ SPLIT_LAG_PER_SM = 1
 SPLIT_CHUNK_ELEMENTS = 8192
 SPLIT_ELEMENTS_PER_WARP = 2048
 MIN_SPLIT_CHUNKS = 2
-# An exchange launch (``TilingOverride(split_exchange=True)``) keeps each run in registers and marks its unit's
-# arrivals in one int32 a unit (a bit a split): at most this many splits, of at most this many elements a run.
-MAX_EXCHANGE_SPLITS = 32
-MAX_EXCHANGE_ELEMENTS = 65536
 # The widest block of channels the kernels take: a group of more channels runs under implementation="xla".
 MAX_BLOCK_CHANNELS = 16384
 
@@ -181,8 +177,7 @@ class GroupTiling:
     ``groups_per_block`` groups (``block_c`` channels, a power of two), each walking its run of
     ``tokens_per_split`` tokens ``block_s`` at a time (``num_stages`` software-pipelining stages). With one split a
     pass is one launch; with more, two, or one whose statistics items run ``split_lag`` items ahead of its output
-    items where that is set, or one whose programs keep their run in registers and share their statistics where
-    ``exchange`` is set (a run is then one chunk; ``kernels.group_norm``)."""
+    items where that is set (``kernels.group_norm``)."""
 
     groups_per_block: int
     block_c: int
@@ -192,7 +187,6 @@ class GroupTiling:
     token_splits: int
     tokens_per_split: int
     split_lag: int | None = None
-    exchange: bool = False
 
     def grid(self, n_batch: int, num_groups: int) -> tuple[int, int, int]:
         return n_batch, cdiv(num_groups, self.groups_per_block), self.token_splits
@@ -217,13 +211,7 @@ def group_tiling(
     ``override`` (``_tiling.overridden``'s) replaces MIN_BLOCK_CHANNELS with its ``block_d``, the tokens per chunk
     with its ``block_rows``, the warps and stages with its own, and the splits with its ``token_splits`` (runs of
     whole chunks; fewer splits where the runs would otherwise leave one empty) and the lag with its ``split_lag``
-    (raised to the splits). Forced splits without a forced lag run two launches a pass. With its ``split_exchange``
-    a split pass is an exchange launch: each run one chunk of the splits' share of the tokens up to a power of two
-    (``block_rows`` unused), at SPLIT_ELEMENTS_PER_WARP a warp.
-
-    Raises:
-        ValueError: an exchange of more than MAX_EXCHANGE_SPLITS splits or of runs of more than
-            MAX_EXCHANGE_ELEMENTS elements.
+    (raised to the splits). Forced splits without a forced lag run two launches a pass.
     """
     override = override or _tiling.TilingOverride()
     group_size = n_channels // num_groups
@@ -243,16 +231,10 @@ def group_tiling(
     else:
         chunk_tokens, elements_per_warp = override.block_rows or max(1, CHUNK_ELEMENTS // block_c), ELEMENTS_PER_WARP
     run = cdiv(n_tokens, splits)
-    exchange = bool(override.split_exchange) and splits > 1
-    block_s = next_power_of_2(run) if exchange else min(next_power_of_2(run), chunk_tokens)
+    block_s = min(next_power_of_2(run), chunk_tokens)
     num_warps = override.num_warps or max(4, min(MAX_WARPS, block_s * block_c // elements_per_warp))
     tokens_per_split = cdiv(run, block_s) * block_s
     splits = cdiv(n_tokens, tokens_per_split)
-    if exchange and (splits > MAX_EXCHANGE_SPLITS or block_s * block_c > MAX_EXCHANGE_ELEMENTS):
-        raise ValueError(
-            f"split_exchange takes at most {MAX_EXCHANGE_SPLITS} token splits of at most {MAX_EXCHANGE_ELEMENTS} "
-            f"elements each, got {splits} splits of {block_s} tokens x {block_c} channels"
-        )
     return GroupTiling(
         groups_per_block,
         block_c,
@@ -261,8 +243,7 @@ def group_tiling(
         override.num_stages or 1,
         token_splits=splits,
         tokens_per_split=tokens_per_split,
-        split_lag=max(lag, splits) if lag and splits > 1 and not exchange else None,
-        exchange=exchange,
+        split_lag=max(lag, splits) if lag and splits > 1 else None,
     )
 
 
@@ -292,23 +273,18 @@ def _split_constexprs(tiling: GroupTiling, *, merges: bool) -> dict:
     return constexprs | ({"SPLIT_BLOCK": next_power_of_2(tiling.token_splits)} if merges else {})
 
 
-def _one_launch_settings(tiling: GroupTiling, grid: tuple[int, int, int], outputs: list) -> dict:
-    """``runtime.launch``'s settings for a split pass in one launch, ordered (``kernels.group_norm_ordered_fwd`` /
-    ``_bwd``) or exchanging (``kernels.group_norm_exchange_fwd`` / ``_bwd``), whose split launches have ``grid`` and
-    that writes ``outputs``: those out shapes, then its zeroed counters' (the tickets, each unit's arrivals), its grid
-    (an ordered launch runs both split launches' programs) and the constexprs it adds to the merging launch's."""
-    units = grid[0] * grid[1]
-    if tiling.exchange:
-        programs, constexprs = math.prod(grid), {}
-    else:
-        programs, constexprs = 2 * math.prod(grid), {"LAG": tiling.split_lag}
-    counters = [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((units,), jnp.int32)]
+def _ordered_settings(tiling: GroupTiling, grid: tuple[int, int, int], outputs: list) -> dict:
+    """``runtime.launch``'s settings for an ordered launch (``kernels.group_norm_ordered_fwd`` / ``_bwd``) of a pass
+    whose split launches have ``grid`` and that writes ``outputs``: those out shapes, then its zeroed counters' (the
+    tickets, each unit's arrivals), its grid (both launches' programs) and the constexprs it adds to the merging
+    launch's."""
+    counters = [jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.int32)]
     return {
         "out_shape": [*outputs, *counters],
         "zeroed_outputs": tuple(range(len(outputs), len(outputs) + len(counters))),
-        "grid": (programs,),
+        "grid": (2 * math.prod(grid),),
         **_split_constexprs(tiling, merges=True),
-        **constexprs,
+        "LAG": tiling.split_lag,
     }
 
 
@@ -335,10 +311,11 @@ def _forward(num_groups: int, epsilon: float, implementation: str, override: _ti
             y, mean, rstd = runtime.launch(
                 kernels.group_norm_fwd, x, scale, bias, out_shape=outputs, eps=epsilon, **settings
             )
-        elif tiling.exchange or tiling.split_lag:
-            kernel = kernels.group_norm_exchange_fwd if tiling.exchange else kernels.group_norm_ordered_fwd
-            one_launch = _one_launch_settings(tiling, grid, [*outputs, split_stats, split_stats])
-            y, mean, rstd, *_ = runtime.launch(kernel, x, scale, bias, eps=epsilon, **settings | one_launch)
+        elif tiling.split_lag:
+            ordered = _ordered_settings(tiling, grid, [*outputs, split_stats, split_stats])
+            y, mean, rstd, *_ = runtime.launch(
+                kernels.group_norm_ordered_fwd, x, scale, bias, eps=epsilon, **settings | ordered
+            )
         else:
             moments = runtime.launch(
                 kernels.group_norm_split_moments,
@@ -380,10 +357,11 @@ def _backward(num_groups: int, implementation: str, override: _tiling.TilingOver
             dx, dscale, dbias = runtime.launch(
                 kernels.group_norm_bwd, dy, x, scale, mean, rstd, out_shape=[dx_shape, partial, partial], **settings
             )
-        elif tiling.exchange or tiling.split_lag:
-            kernel = kernels.group_norm_exchange_bwd if tiling.exchange else kernels.group_norm_ordered_bwd
-            one_launch = _one_launch_settings(tiling, grid, [dx_shape, partial, partial])
-            dx, dscale, dbias, *_ = runtime.launch(kernel, dy, x, scale, mean, rstd, **settings | one_launch)
+        elif tiling.split_lag:
+            ordered = _ordered_settings(tiling, grid, [dx_shape, partial, partial])
+            dx, dscale, dbias, *_ = runtime.launch(
+                kernels.group_norm_ordered_bwd, dy, x, scale, mean, rstd, **settings | ordered
+            )
         else:
             dscale, dbias = runtime.launch(
                 kernels.group_norm_split_sums,
