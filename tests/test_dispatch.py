@@ -36,6 +36,24 @@ def test_default_runs_xla_for_rows_past_the_width_limit(gpu_default, op):
     assert _dispatch.resolve("triton", op, large, widest + 1) == "triton"
 
 
+@pytest.mark.parametrize("op", sorted(_dispatch.MIN_KERNEL_COLS))
+def test_default_runs_xla_for_rows_under_the_narrow_limit(gpu_default, op):
+    narrowest, large = _dispatch.MIN_KERNEL_COLS[op], 2**30
+    assert _dispatch.resolve(None, op, large, narrowest) == "triton"
+    assert _dispatch.resolve(None, op, large, narrowest - 1) == "xla"
+    assert _dispatch.resolve("triton", op, large, narrowest - 1) == "triton"
+
+
+def test_narrow_dyt_rows_on_a_gpu_default_run_the_xla_path(gpu_default, monkeypatch):
+    # With its element threshold at one element, only their width sends these rows to XLA.
+    monkeypatch.setitem(_dispatch.MIN_KERNEL_ELEMENTS, "dyt", 1)
+    x = harness.random_normal(0, (3, _dispatch.MIN_KERNEL_COLS["dyt"] - 1), jnp.float32)
+    alpha = jnp.asarray(0.7, jnp.float32)
+    gamma, beta = (harness.random_normal(seed, x.shape[-1:], jnp.float32) for seed in (1, 2))
+    expected = liger_jax.dyt(x, alpha, gamma, beta, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(liger_jax.dyt(x, alpha, gamma, beta)), np.asarray(expected))
+
+
 def test_a_wide_norm_on_a_gpu_default_runs_the_xla_path(gpu_default, monkeypatch):
     monkeypatch.setitem(_dispatch.MIN_KERNEL_ELEMENTS, "rms_norm", 1)
     x = harness.random_normal(0, (2, _dispatch.MAX_KERNEL_COLS["rms_norm"] + 1), jnp.float32)

@@ -96,6 +96,13 @@ MAX_KERNEL_COLS: dict[str, int] = {
     "modulated_rms_norm": 8192,
 }
 
+# Rows shorter than this run XLA by default. DyT below 1024 columns takes tiles of several rows
+# (``_heavy_rows.ONE_ROW_TILE_COLS``), which lose: on an H100 (2026-12-07, 16384 rows, bf16 fwd+bwd, kernel / XLA)
+# 0.33x at 256 columns and 0.45x at 512, against 2.02x at 1024 and 1.76x at 768 (2048 rows; one-row tiles from 513).
+MIN_KERNEL_COLS: dict[str, int] = {
+    "dyt": 768,
+}
+
 
 def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -> runtime.Implementation:
     """:func:`liger_jax.runtime.resolve_implementation`, then the size rule for ``implementation=None``.
@@ -104,12 +111,13 @@ def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -
         implementation: the op's ``implementation=`` argument.
         op: a key of :data:`MIN_KERNEL_ELEMENTS`.
         elements: the size of the op's main operand, as that table's comments count it.
-        cols: the row length of a row op (checked against :data:`MAX_KERNEL_COLS`); 0 for the others.
+        cols: the row length of a row op (checked against :data:`MAX_KERNEL_COLS` and :data:`MIN_KERNEL_COLS`); 0
+            for the others.
 
     Returns:
         ``"xla"`` when ``implementation`` is None, ``$LIGER_JAX_IMPLEMENTATION`` is unset, the default is
-        ``"triton"`` and ``elements < MIN_KERNEL_ELEMENTS[op]`` or ``cols > MAX_KERNEL_COLS[op]``; otherwise what
-        ``resolve_implementation`` returns.
+        ``"triton"`` and ``elements < MIN_KERNEL_ELEMENTS[op]``, ``cols > MAX_KERNEL_COLS[op]`` or
+        ``0 < cols < MIN_KERNEL_COLS[op]``; otherwise what ``resolve_implementation`` returns.
 
     Raises:
         ValueError: as :func:`liger_jax.runtime.resolve_implementation`.
@@ -118,7 +126,8 @@ def resolve(implementation: str | None, op: str, elements: int, cols: int = 0) -
     automatic = implementation is None and not runtime.implementation_from_environment()
     too_small = elements < MIN_KERNEL_ELEMENTS[op]
     too_wide = cols > MAX_KERNEL_COLS.get(op, cols)
-    if automatic and chosen == "triton" and (too_small or too_wide):
+    too_narrow = 0 < cols < MIN_KERNEL_COLS.get(op, 0)
+    if automatic and chosen == "triton" and (too_small or too_wide or too_narrow):
         return "xla"
     return chosen
 
