@@ -116,7 +116,9 @@ def test_dyt_forced_tilings_match_float64_definition(shape, override):
 @pytest.mark.parametrize(
     ("op", "n_cols", "block_rows", "num_warps"),
     [
-        ("dyt", 256, 8, 8),
+        ("dyt", 256, 1, 2),
+        ("dyt", 512, 1, 4),
+        ("dyt", 513, 1, 4),
         ("dyt", 1000, 1, 4),
         ("dyt", 1024, 1, 4),
         ("dyt", 8192, 1, 32),
@@ -127,8 +129,8 @@ def test_dyt_forced_tilings_match_float64_definition(shape, override):
         ("modulated_rms_norm", 16384, 1, 32),
     ],
 )
-def test_heavy_rows_get_a_tile_each_from_1024_columns(op, n_cols, block_rows, num_warps):
-    # Each op's elements a thread; below 1024 columns the row rule's tiles of several rows, which an override keeps.
+def test_heavy_rows_get_a_tile_each_from_1024_columns_and_dyt_at_every_length(op, n_cols, block_rows, num_warps):
+    # Each op's elements a thread (DyT's 4 on rows of at most 512 columns); an override's rows a tile are kept.
     override = _heavy_rows.heavy_row_override(op, n_cols, reduces_rows=True)
     tiling = _tiling.row_tiling(n_cols, reduces_rows=True, override=override)
     assert (tiling.block_rows, tiling.num_warps) == (block_rows, num_warps)

@@ -96,11 +96,11 @@ MAX_KERNEL_COLS: dict[str, int] = {
     "modulated_rms_norm": 8192,
 }
 
-# Rows shorter than this run XLA by default. DyT below 1024 columns takes tiles of several rows
-# (``_heavy_rows.ONE_ROW_TILE_COLS``), which lose: on an H100 (2026-12-07, 16384 rows, bf16 fwd+bwd, kernel / XLA)
-# 0.33x at 256 columns and 0.45x at 512, against 2.02x at 1024 and 1.76x at 768 (2048 rows; one-row tiles from 513).
+# Rows shorter than this run XLA by default. DyT on an H100 (2026-12-07, 16384 rows, bf16 fwd+bwd, kernel / XLA):
+# 0.89x at 256 columns with its best tiling (one-row tiles at 4 warps; 0.33x with tiles of several rows), 1.57x at
+# 512 with the same tiles (``_heavy_rows.ONE_ROW_TILE_COLS``), 1.76x at 768 (2048 rows), 2.02x at 1024.
 MIN_KERNEL_COLS: dict[str, int] = {
-    "dyt": 768,
+    "dyt": 512,
 }
 
 
