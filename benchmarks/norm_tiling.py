@@ -51,6 +51,8 @@ class Grid:
             ``separate_row_sums`` True: LayerNorm's backward sums its rows in a kernel of their own, a candidate of
             layer_norm only).
         loop_from: the shortest row that gets column-block candidates (shorter rows fit one tile without spilling).
+        sums_ahead: whether the rule and each column-block candidate are also timed with the backward summing the
+            next row tile's statistics in the pass that writes this one's dx (``TilingOverride.sums_ahead``).
     """
 
     tokens: int
@@ -58,6 +60,7 @@ class Grid:
     tile_warps: tuple[int, ...]
     column_blocks: tuple[tuple[int, int, int | None, bool], ...]
     loop_from: int
+    sums_ahead: bool = False
 
 
 GPU_GRID = Grid(
@@ -99,7 +102,18 @@ EXCHANGE_GRID = Grid(
     loop_from=16384,
 )
 RULE_GRID = Grid(TOKENS, (32768, 65536, 131072), (), column_blocks=(), loop_from=16384)
-GRIDS = {"full": GPU_GRID, "wide": WIDE_GRID, "exchange": EXCHANGE_GRID, "rule": RULE_GRID}
+# The backward summing the next row tile ahead (``--grid ahead``), at the rule's tiling and at the tilings where it
+# spills nothing (``--registers``): 16 warps in 8192-column blocks, two and four splits, and in 4096-column blocks,
+# four splits; 8 warps in 8192-column blocks, four splits.
+AHEAD_GRID = Grid(
+    TOKENS,
+    (32768, 65536),
+    (),
+    column_blocks=((8192, 16, 2, False), (8192, 16, 4, False), (4096, 16, 4, False), (8192, 8, 4, False)),
+    loop_from=16384,
+    sums_ahead=True,
+)
+GRIDS = {"full": GPU_GRID, "wide": WIDE_GRID, "exchange": EXCHANGE_GRID, "rule": RULE_GRID, "ahead": AHEAD_GRID}
 # On a CPU, every code path once: one tile, with and without prefetch, and 4 column blocks of 64 (the last partial),
 # in one program a row and split among 3, LayerNorm's also with its row sums apart.
 SMOKE_GRID = Grid(
@@ -114,6 +128,8 @@ def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
     from liger_jax.ops import _tiling
 
     chosen = [Candidate(RULE, None)]
+    if grid.sums_ahead:
+        chosen.append(Candidate("ahead", _tiling.TilingOverride(sums_ahead=True)))
     single = _tiling.next_power_of_2(n_cols)
     tile = _tiling.rows_per_tile(single, _tiling.ROW_TILE_ELEMENTS) * single
     flipped = not _tiling.row_tiling(n_cols, reduces_rows=True).prefetch
@@ -133,6 +149,9 @@ def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
             )
             label = f"cols{block}/w{warps}" + (f"/split{splits}" if splits else "") + ("/sums" if sums_apart else "")
             chosen.append(Candidate(label, override))
+            if grid.sums_ahead:
+                ahead = dataclasses.replace(override, sums_ahead=True)
+                chosen.append(Candidate(label + "/ahead", ahead))
     return tiling_sweep.distinct(chosen, functools.partial(_tilings, op, n_cols))
 
 
@@ -152,6 +171,7 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
         + ("/loop" if t.block_d < n_cols else "")
         + (f"/split{splits}" if splits > 1 else "")
         + ("/sums" if sums_apart else "")
+        + ("/ahead" if reduces_rows and t.sums_ahead else "")
     )
 
 
@@ -194,7 +214,7 @@ def parser() -> argparse.ArgumentParser:
         "--grid",
         choices=tuple(GRIDS),
         default="full",
-        help="the candidates: GPU_GRID's, WIDE_GRID's, EXCHANGE_GRID's or RULE_GRID's",
+        help="the candidates: GPU_GRID's, WIDE_GRID's, EXCHANGE_GRID's, RULE_GRID's or AHEAD_GRID's",
     )
     return cli
 

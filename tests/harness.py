@@ -24,6 +24,8 @@ FORCED_TILINGS = {
     "column_blocks": _tiling.TilingOverride(block_d=64, column_splits=1),
     "column_splits": _tiling.TilingOverride(block_d=32, column_splits=3),
     "no_prefetch": _tiling.TilingOverride(prefetch=False),
+    "sums_ahead": _tiling.TilingOverride(block_d=64, column_splits=1, sums_ahead=True),
+    "sums_ahead_splits": _tiling.TilingOverride(block_d=32, column_splits=3, sums_ahead=True),
 }
 FORCED_TILING_SHAPE = (111, 200)
 

@@ -52,6 +52,28 @@ def reversed_block(step, n_cols: tl.constexpr, BLOCK_D: tl.constexpr):
     return ((n_cols + BLOCK_D - 1) // BLOCK_D - 1 - step) * BLOCK_D
 
 
+@triton.jit
+def second_pass_block(step, split_first_col, OWN_BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, FORWARDS: tl.constexpr):
+    """The first column of the block that a split's second pass over its OWN_BLOCKS blocks from ``split_first_col``
+    visits at ``step``: :func:`reversed_block`'s, or with FORWARDS (a first pass a whole row tile earlier, so every
+    block equally recent) the blocks in order."""
+    if FORWARDS:
+        first_col = split_first_col + step * BLOCK_D
+    else:
+        first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
+    return first_col
+
+
+@triton.jit
+def next_row_tile(row_tile, tile_index, n_rows, TILES_PER_PROGRAM: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """``(has_next, rows, rows_bound)`` of the row tile after ``row_tile``, the program's ``tile_index``-th: whether
+    the program walks one, its rows, and the row bound its loads are masked by (0 where it walks none, so they load
+    nothing)."""
+    has_next = tile_index + 1 < TILES_PER_PROGRAM
+    rows = row_block((row_tile + 1) * BLOCK_ROWS, BLOCK_ROWS)
+    return has_next, rows, tl.where(has_next, n_rows, 0)
+
+
 # Row sums of several fp32 tiles as one reduction of their stack (the stacked axes stay within each thread): one
 # exchange between the warps, and its barriers, rather than one per sum (ptxas, sm_90: PolyNorm's 8 → 2 barriers
 # forward, 11 → 2 backward, at D = 4096).

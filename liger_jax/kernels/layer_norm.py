@@ -21,10 +21,12 @@ from liger_jax.kernels._rows import (
     load_split_sum,
     load_tile_again,
     load_weights_again,
+    next_row_tile,
     partial_blocks,
     program_and_split,
     reversed_block,
     row_block,
+    second_pass_block,
     split_blocks,
     store_blocks,
     store_split_sum,
@@ -143,7 +145,9 @@ def _row_sums_in_column_blocks(
 
 
 @triton.jit
-def _shared_row_sums(
+def _with_other_splits(
+    own_g,
+    own_gn,
     dy_ptr,
     x_ptr,
     scale_ptr,
@@ -162,19 +166,12 @@ def _shared_row_sums(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g and Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``): this split sums its own
-    columns and shares the sums (see ``_rows.announce_split_sums``); the other splits' come from theirs, or, where
-    one has not arrived, from their columns summed here the same way (the same values)."""
+    """Σ g and Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``) from this split's sums
+    over its own columns, already announced: the other splits' come from theirs, or, where one has not arrived, from
+    their columns summed here the same way (the same values)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
-    own_g, own_gn = _row_sums_in_column_blocks(
-        dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split * OWN_BLOCKS * BLOCK_D, n_rows,
-        OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
-    )  # fmt: skip
     sum_g, sum_gn = own_g, own_gn
     if COLUMN_SPLITS > 1:
-        store_split_sum(split_g_ptr, split, rows, n_rows, own_g)
-        store_split_sum(split_gn_ptr, split, rows, n_rows, own_gn)
-        announce_split_sums(arrivals_ptr, row_tile, split)
         arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
         sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
@@ -192,6 +189,26 @@ def _shared_row_sums(
             sum_g += part_g
             sum_gn += part_gn
     return sum_g, sum_gn
+
+
+@triton.jit
+def _announce(
+    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, row_tile, split, n_rows, COLUMN_SPLITS: tl.constexpr
+):
+    """Shares this split's sums ``own_g``, ``own_gn`` [BLOCK_ROWS] of row tile ``row_tile`` with the row's other
+    splits."""
+    if COLUMN_SPLITS > 1:
+        store_split_sum(split_g_ptr, split, rows, n_rows, own_g)
+        store_split_sum(split_gn_ptr, split, rows, n_rows, own_gn)
+        announce_split_sums(arrivals_ptr, row_tile, split)
+
+
+@triton.jit
+def _load_row_stats(mean_ptr, rstd_ptr, rows, n_rows):
+    """The mean and rstd [BLOCK_ROWS] fp32 of ``rows`` (0 past ``n_rows``)."""
+    mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    return mean, rstd
 
 
 @triton.jit
@@ -303,6 +320,15 @@ def _backward_in_tiles(
 
 
 @triton.jit
+def _load_block(dy_ptr, x_ptr, mean, rstd, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
+    """A column block's dy (as loaded) and n = (x - mean) · rstd in fp32, with its columns, offsets and mask."""
+    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+    return dy, normed, cols, offsets, mask
+
+
+@triton.jit
 def _backward_in_column_blocks(
     dy_ptr,
     x_ptr,
@@ -321,6 +347,7 @@ def _backward_in_column_blocks(
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     SUMS_GIVEN: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -329,36 +356,77 @@ def _backward_in_column_blocks(
     """The backward of rows longer than a tile: per row tile, Σ g and Σ g · n over the row (each split sums its own
     columns and the splits share their sums; read from sum_g and sum_gn instead with SUMS_GIVEN), then one pass over
     this program's split of the columns for dx, dscale and dbias, whose partial sums stay in registers (see
-    ``liger_jax.kernels._rows``)."""
+    ``liger_jax.kernels._rows``). With SUMS_AHEAD (and not SUMS_GIVEN), the pass that writes a row tile's dx also
+    sums the next row tile's, block by block, as ``kernels.rms_norm``'s does."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
+    AHEAD: tl.constexpr = SUMS_AHEAD and not SUMS_GIVEN
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
+    first_tile = pid * TILES_PER_PROGRAM
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
     dbias = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
+    if AHEAD:
+        rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
+        mean, rstd = _load_row_stats(mean_ptr, rstd_ptr, rows, n_rows)
+        own_g, own_gn = _row_sums_in_column_blocks(
+            dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split_first_col, n_rows,
+            OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+        _announce(
+            split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, first_tile, split, n_rows, COLUMN_SPLITS
+        )
     for tile_index in range(TILES_PER_PROGRAM):
-        row_tile = pid * TILES_PER_PROGRAM + tile_index
+        row_tile = first_tile + tile_index
         rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
-        mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        mean, rstd = _load_row_stats(mean_ptr, rstd_ptr, rows, n_rows)
         if SUMS_GIVEN:
             sum_g = tl.load(sum_g_ptr + rows, mask=rows < n_rows, other=0.0)
             sum_gn = tl.load(sum_gn_ptr + rows, mask=rows < n_rows, other=0.0)
         else:
-            sum_g, sum_gn = _shared_row_sums(
-                dy_ptr, x_ptr, scale_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, mean, rstd, rows, row_tile, split,
-                n_rows, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            if not AHEAD:
+                own_g, own_gn = _row_sums_in_column_blocks(
+                    dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split_first_col, n_rows,
+                    OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+                )  # fmt: skip
+                _announce(
+                    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, row_tile, split, n_rows,
+                    COLUMN_SPLITS,
+                )  # fmt: skip
+            sum_g, sum_gn = _with_other_splits(
+                own_g, own_gn, dy_ptr, x_ptr, scale_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, mean, rstd, rows,
+                row_tile, split, n_rows, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
             )  # fmt: skip
+        if AHEAD:
+            has_next, next_rows, next_n_rows = next_row_tile(
+                row_tile, tile_index, n_rows, TILES_PER_PROGRAM, BLOCK_ROWS
+            )
+            next_mean, next_rstd = _load_row_stats(mean_ptr, rstd_ptr, next_rows, next_n_rows)
+            own_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+            own_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for step in range(OWN_BLOCKS):
-            first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
-            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-            normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
-            scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-            dx = _dx(dy, normed, rstd, scale, sum_g / n_cols, sum_gn / n_cols)
+            first_col = second_pass_block(step, split_first_col, OWN_BLOCKS, BLOCK_D, AHEAD)
+            dy, normed, cols, offsets, mask = _load_block(
+                dy_ptr, x_ptr, mean, rstd, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D
+            )
+            scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0)
+            if AHEAD:
+                next_dy, next_normed, _, _, _ = _load_block(
+                    dy_ptr, x_ptr, next_mean, next_rstd, next_rows, first_col, next_n_rows, n_cols, row_stride, BLOCK_D
+                )
+                block_g, block_gn = _row_sums(next_dy, next_normed, scale)
+                own_g += block_g
+                own_gn += block_gn
+            dx = _dx(dy, normed, rstd, scale.to(tl.float32), sum_g / n_cols, sum_gn / n_cols)
             tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dy_f32 = dy.to(tl.float32)
             dscale = add_to_block(dscale, first_col - split_first_col, tl.sum(dy_f32 * normed, axis=0), BLOCK_D)
             dbias = add_to_block(dbias, first_col - split_first_col, tl.sum(dy_f32, axis=0), BLOCK_D)
+        if AHEAD:
+            if has_next:
+                _announce(
+                    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, next_rows, row_tile + 1, split, n_rows,
+                    COLUMN_SPLITS,
+                )  # fmt: skip
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
     store_blocks(dbias_partial_ptr + pid * n_cols, dbias, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
@@ -383,6 +451,7 @@ def layer_norm_bwd(
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     n_cols: tl.constexpr,
     row_stride: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
@@ -405,5 +474,5 @@ def layer_norm_bwd(
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, sum_g_ptr, sum_gn_ptr, n_rows, dx_ptr, dscale_partial_ptr,
             dbias_partial_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN,
-            n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            SUMS_AHEAD, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

@@ -22,10 +22,12 @@ from liger_jax.kernels._rows import (
     load_split_sum,
     load_tile_again,
     load_weights_again,
+    next_row_tile,
     partial_blocks,
     program_and_split,
     reversed_block,
     row_block,
+    second_pass_block,
     split_blocks,
     store_blocks,
     store_split_sum,
@@ -335,7 +337,8 @@ def _split_sum_g_normed(
 
 
 @triton.jit
-def _row_sum_g_normed(
+def _with_other_splits(
+    own,
     dy_ptr,
     x_ptr,
     scale_ptr,
@@ -353,18 +356,12 @@ def _row_sum_g_normed(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``): this split sums its own
-    columns and shares the sums (see ``_rows.announce_split_sums``); the other splits' come from theirs, or, where
-    one has not arrived, from their columns summed here the same way (the same value; see ``_rows``)."""
+    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``) from this split's sums over its
+    own columns, ``own``, already announced: the other splits' come from theirs, or, where one has not arrived, from
+    their columns summed here the same way (the same value; see ``_rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
-    own = _split_sum_g_normed(
-        dy_ptr, x_ptr, scale_ptr, rstd, rows, split * OWN_BLOCKS * BLOCK_D, n_rows,
-        offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
-    )  # fmt: skip
     total = own
     if COLUMN_SPLITS > 1:
-        store_split_sum(split_sums_ptr, split, rows, n_rows, own)
-        announce_split_sums(arrivals_ptr, row_tile, split)
         arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
         total = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for other in tl.static_range(COLUMN_SPLITS):
@@ -382,6 +379,23 @@ def _row_sum_g_normed(
 
 
 @triton.jit
+def _announce(split_sums_ptr, arrivals_ptr, own, rows, row_tile, split, n_rows, COLUMN_SPLITS: tl.constexpr):
+    """Shares this split's sums ``own`` [BLOCK_ROWS] of row tile ``row_tile`` with the row's other splits."""
+    if COLUMN_SPLITS > 1:
+        store_split_sum(split_sums_ptr, split, rows, n_rows, own)
+        announce_split_sums(arrivals_ptr, row_tile, split)
+
+
+@triton.jit
+def _load_gradient_inputs(dy_ptr, x_ptr, scale_ptr, rows, first_col, n_rows, offset, n_cols, row_stride, BLOCK_D):
+    """A column block's dy and x (as loaded), its offsets and mask, and its columns' fp32 scale (with the offset)."""
+    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    return dy, x, offsets, mask, _load_scale(scale_ptr, cols, n_cols, offset)
+
+
+@triton.jit
 def _backward_in_column_blocks(
     dy_ptr,
     dsum_ptr,
@@ -396,6 +410,7 @@ def _backward_in_column_blocks(
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
@@ -405,29 +420,60 @@ def _backward_in_column_blocks(
 ):
     """The backward of rows longer than a tile: per row tile, Σ g · n over the row (each split sums its own columns
     and the splits share their sums), then one pass over this program's split of the columns for dx and dscale,
-    whose partial sums stay in registers (see ``liger_jax.kernels._rows``)."""
+    whose partial sums stay in registers (see ``liger_jax.kernels._rows``). With SUMS_AHEAD, the pass that writes a
+    row tile's dx also sums the next row tile's g · n, block by block, so the next tile's loads from HBM are in
+    flight beside this one's from L2 and no pass waits on its row sums alone."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     pid, split = program_and_split()
     split_first_col = split * OWN_BLOCKS * BLOCK_D
+    first_tile = pid * TILES_PER_PROGRAM
     dscale = tl.zeros((partial_blocks(n_cols, BLOCK_D, COLUMN_SPLITS), BLOCK_D), dtype=tl.float32)
+    if SUMS_AHEAD:
+        rows = row_block(first_tile * BLOCK_ROWS, BLOCK_ROWS)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        own = _split_sum_g_normed(
+            dy_ptr, x_ptr, scale_ptr, rstd, rows, split_first_col, n_rows,
+            offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+        )  # fmt: skip
+        _announce(split_sums_ptr, arrivals_ptr, own, rows, first_tile, split, n_rows, COLUMN_SPLITS)
     for tile_index in range(TILES_PER_PROGRAM):
-        row_tile = pid * TILES_PER_PROGRAM + tile_index
+        row_tile = first_tile + tile_index
         rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
         rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-        sum_gn = _row_sum_g_normed(
-            dy_ptr, x_ptr, scale_ptr, split_sums_ptr, arrivals_ptr, rstd, rows, row_tile, split, n_rows,
+        if not SUMS_AHEAD:
+            own = _split_sum_g_normed(
+                dy_ptr, x_ptr, scale_ptr, rstd, rows, split_first_col, n_rows,
+                offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+            )  # fmt: skip
+            _announce(split_sums_ptr, arrivals_ptr, own, rows, row_tile, split, n_rows, COLUMN_SPLITS)
+        sum_gn = _with_other_splits(
+            own, dy_ptr, x_ptr, scale_ptr, split_sums_ptr, arrivals_ptr, rstd, rows, row_tile, split, n_rows,
             offset, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
         mean_gn = sum_gn / n_cols
+        if SUMS_AHEAD:
+            has_next, next_rows, next_n_rows = next_row_tile(
+                row_tile, tile_index, n_rows, TILES_PER_PROGRAM, BLOCK_ROWS
+            )
+            next_rstd = tl.load(rstd_ptr + next_rows, mask=next_rows < next_n_rows, other=0.0)
+            next_gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
         for step in range(OWN_BLOCKS):
-            first_col = split_first_col + reversed_block(step, OWN_BLOCKS * BLOCK_D, BLOCK_D)
-            cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-            scale = _load_scale(scale_ptr, cols, n_cols, offset)
+            first_col = second_pass_block(step, split_first_col, OWN_BLOCKS, BLOCK_D, SUMS_AHEAD)
+            dy, x, offsets, mask, scale = _load_gradient_inputs(
+                dy_ptr, x_ptr, scale_ptr, rows, first_col, n_rows, offset, n_cols, row_stride, BLOCK_D
+            )
+            if SUMS_AHEAD:
+                next_dy, next_x, _, _, _ = _load_gradient_inputs(
+                    dy_ptr, x_ptr, scale_ptr, next_rows, first_col, next_n_rows, offset, n_cols, row_stride, BLOCK_D
+                )
+                next_gn += _g_normed(next_dy, next_x, next_rstd, scale)
             dx, tile_dscale = _gradients(dy, x, rstd, scale, mean_gn, CASTING)
             _store_dx(dx, dsum_ptr, dx_ptr, offsets, mask, ADD_COTANGENT)
             dscale = add_to_block(dscale, first_col - split_first_col, tile_dscale, BLOCK_D)
+        if SUMS_AHEAD:
+            own = tl.sum(next_gn, axis=1)
+            if has_next:
+                _announce(split_sums_ptr, arrivals_ptr, own, next_rows, row_tile + 1, split, n_rows, COLUMN_SPLITS)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
 
@@ -447,6 +493,7 @@ def _backward(
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
@@ -468,8 +515,8 @@ def _backward(
     else:
         _backward_in_column_blocks(
             dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
-            arrivals_ptr, offset, CASTING, ADD_COTANGENT, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols, row_stride,
-            BLOCK_ROWS, BLOCK_D,
+            arrivals_ptr, offset, CASTING, ADD_COTANGENT, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+            row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
 
@@ -487,6 +534,7 @@ def rms_norm_bwd(
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
@@ -498,7 +546,7 @@ def rms_norm_bwd(
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
         dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
-        arrivals_ptr, offset, CASTING, False, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        arrivals_ptr, offset, CASTING, False, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
         row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
@@ -518,6 +566,7 @@ def fused_add_rms_norm_bwd(
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SUMS_AHEAD: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     n_cols: tl.constexpr,
@@ -531,6 +580,6 @@ def fused_add_rms_norm_bwd(
     """
     _backward(
         dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr, split_sums_ptr,
-        arrivals_ptr, offset, CASTING, True, PREFETCH, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        arrivals_ptr, offset, CASTING, True, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
         row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

@@ -128,6 +128,7 @@ def _row_launcher(
             grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         if shared_sums:
             grid_constexprs["COLUMN_SPLITS"] = splits
+            grid_constexprs["SUMS_AHEAD"] = tiling.sums_ahead
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)

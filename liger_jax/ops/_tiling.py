@@ -117,6 +117,7 @@ class RowTiling:
     programs_per_sm: int = PROGRAMS_PER_SM
     prefetch: bool = False
     num_stages: int = 1
+    sums_ahead: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +141,8 @@ class TilingOverride:
             items ahead of its output items (at least the splits; ``kernels.group_norm``) instead of two launches.
         separate_row_sums: whether LayerNorm's backward sums its rows in a kernel of their own where it walks them
             in column blocks (see :func:`separate_row_sums`).
+        sums_ahead: whether the norms' backward, walking column blocks, sums the next row tile's row statistics in
+            the pass that writes this one's dx (``kernels.rms_norm``).
     """
 
     block_d: int | None = None
@@ -151,6 +154,7 @@ class TilingOverride:
     token_splits: int | None = None
     split_lag: int | None = None
     separate_row_sums: bool | None = None
+    sums_ahead: bool | None = None
 
     def __post_init__(self):
         for name in ("block_d", "block_rows"):
@@ -230,6 +234,7 @@ def row_tiling(
         programs_per_sm=programs_per_sm,
         prefetch=prefetch and one_tile,
         num_stages=override.num_stages or 1,
+        sums_ahead=bool(override.sums_ahead) and not one_tile,
     )
 
 
