@@ -102,14 +102,13 @@ EXCHANGE_GRID = Grid(
     loop_from=16384,
 )
 RULE_GRID = Grid(TOKENS, (32768, 65536, 131072), (), column_blocks=(), loop_from=16384)
-# The backward summing the next row tile ahead (``--grid ahead``), at the rule's tiling and at the tilings where it
-# spills nothing (``--registers``): 16 warps in 8192-column blocks, two and four splits, and in 4096-column blocks,
-# four splits; 8 warps in 8192-column blocks, four splits.
+# The backward summing the next row tile ahead (``--grid ahead``), at the rule's tiling and at 16 warps in
+# 8192-column blocks, four and eight splits.
 AHEAD_GRID = Grid(
     TOKENS,
-    (32768, 65536),
+    (32768, 65536, 131072),
     (),
-    column_blocks=((8192, 16, 2, False), (8192, 16, 4, False), (4096, 16, 4, False), (8192, 8, 4, False)),
+    column_blocks=((8192, 16, 4, False), (8192, 16, 8, False)),
     loop_from=16384,
     sums_ahead=True,
 )
@@ -161,17 +160,18 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
-    warps, splits, sums_apart = t.num_warps, 1, False
+    split, sums_apart = _tiling.SplitLaunch(1, t.num_warps, False), False
     if reduces_rows:
-        splits, warps = _tiling.split_launch(n_cols, t, 2 if op == "layer_norm" else 1, override)
+        split = _tiling.split_launch(n_cols, t, 2 if op == "layer_norm" else 1, override)
         sums_apart = op == "layer_norm" and _tiling.separate_row_sums(n_cols, override)
+    warps, splits = split.warps, split.splits
     return (
         f"{t.block_rows}x{t.block_d}/w{warps}"
         + ("/pf" if t.prefetch else "")
         + ("/loop" if t.block_d < n_cols else "")
         + (f"/split{splits}" if splits > 1 else "")
         + ("/sums" if sums_apart else "")
-        + ("/ahead" if reduces_rows and t.sums_ahead else "")
+        + ("/ahead" if split.sums_ahead and not sums_apart else "")
     )
 
 

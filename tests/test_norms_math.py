@@ -205,13 +205,15 @@ def test_column_blocks_match_the_closed_forms(n_cols):
     ("n_cols", "block_d", "n_partials", "splits"),
     [(200, 64, 2, 2), (192, 64, 1, 1), (16384, 16384, 2, 1), (16384, 8192, 2, 1), (24576, 8192, 1, 1),
      (32768, 8192, 1, 2), (32769, 8192, 1, 2), (32768, 8192, 2, 2), (16385, 8192, 2, 2), (65536, 8192, 2, 4),
-     (65537, 8192, 1, 4), (262144, 8192, 8, 32)],
+     (65537, 8192, 1, 4), (262144, 8192, 8, 32), (57344, 8192, 1, 2), (57345, 8192, 1, 4), (65536, 8192, 1, 4),
+     (131072, 8192, 1, 4), (256, 32, 1, 4)],
 )  # fmt: skip
 def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(n_cols, block_d, n_partials, splits):
     # Each split's blocks rounded up to a power of two, times the sums, within MAX_REGISTER_PARTIALS; at least two
-    # splits from four blocks (three blocks of one sum stay whole); a row of one tile is never split; at one block a
-    # split, no further.
+    # splits from four blocks (three blocks of one sum stay whole) and four from eight (seven stay in two); a row of
+    # one tile is never split; at one block a split, no further.
     assert (_tiling.MAX_REGISTER_PARTIALS, _tiling.SHARED_SUMS_MIN_BLOCKS) == (32768, 4)
+    assert (_tiling.SUMS_AHEAD_SPLITS, _tiling.SUMS_AHEAD_SPLIT_BLOCKS) == (4, 2)
     assert _tiling.column_splits(n_cols, block_d, n_partials) == splits
     forced = _tiling.TilingOverride(column_splits=3)
     assert _tiling.column_splits(n_cols, block_d, n_partials, forced) == (1 if n_cols <= block_d else 3)
@@ -229,6 +231,30 @@ def test_a_split_of_four_column_blocks_or_more_runs_eight_warps(n_cols, splits, 
     assert (_tiling.SPLIT_WIDE_BLOCKS, _tiling.SPLIT_WIDE_WARPS) == (4, 8)
     block_d = min(8192, n_cols)
     assert _tiling.split_warps(n_cols, block_d, splits, 16, override) == warps
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "splits", "n_partials", "override", "ahead"),
+    [(65536, 4, 1, None, True), (57345, 4, 1, None, True), (65536, 4, 2, None, False), (32768, 2, 1, None, False),
+     (131072, 4, 1, None, False), (131072, 8, 1, None, True), (16384, 1, 1, None, False),
+     (65536, 4, 1, _tiling.TilingOverride(sums_ahead=False), False),
+     (32768, 2, 2, _tiling.TilingOverride(sums_ahead=True), True),
+     (8192, 1, 1, _tiling.TilingOverride(sums_ahead=True), False)],
+)  # fmt: skip
+def test_four_splits_of_two_blocks_sum_the_next_row_tile_ahead(n_cols, splits, n_partials, override, ahead):
+    # 8192-column blocks: four splits or more of at most two blocks and one partial sum sum ahead; two splits, four
+    # of four blocks or LayerNorm's two partials do not; an override decides wherever rows are walked in blocks, and
+    # a row of one tile never sums ahead.
+    block_d = min(8192, n_cols)
+    assert _tiling.sums_ahead(n_cols, block_d, splits, n_partials, override) == ahead
+
+
+def test_the_rule_launches_rows_of_eight_blocks_in_four_splits_of_sixteen_warps_summing_ahead():
+    tiling = _tiling.row_tiling(65536, reduces_rows=True)
+    assert (tiling.block_d, tiling.num_warps) == (8192, 16)
+    assert _tiling.split_launch(65536, tiling, 1) == _tiling.SplitLaunch(splits=4, warps=16, sums_ahead=True)
+    assert _tiling.split_launch(131072, tiling, 1) == _tiling.SplitLaunch(splits=4, warps=8, sums_ahead=False)
+    assert _tiling.split_launch(65536, tiling, 2) == _tiling.SplitLaunch(splits=4, warps=16, sums_ahead=False)
 
 
 @triton.jit

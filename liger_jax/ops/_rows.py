@@ -115,10 +115,11 @@ def _row_launcher(
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
-        splits, num_warps = 1, tiling.num_warps
+        split = _tiling.SplitLaunch(1, tiling.num_warps, False)
         if shared_sums:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
-            splits, num_warps = _tiling.split_launch(n_cols, tiling, n_sums, override)
+            split = _tiling.split_launch(n_cols, tiling, n_sums, override)
+        splits = split.splits
         if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
         else:
@@ -128,7 +129,7 @@ def _row_launcher(
             grid_constexprs = {"PREFETCH": tiling.prefetch, "TILES_PER_PROGRAM": tiles_per_program}
         if shared_sums:
             grid_constexprs["COLUMN_SPLITS"] = splits
-            grid_constexprs["SUMS_AHEAD"] = tiling.sums_ahead
+            grid_constexprs["SUMS_AHEAD"] = split.sums_ahead
         flat = [
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
@@ -142,7 +143,7 @@ def _row_launcher(
             grid=(splits, programs) if shared_sums else (programs,),
             implementation=implementation,
             zeroed_outputs=(len(outputs) + shared_sums,) if shared_sums and splits > 1 else (),
-            num_warps=num_warps,
+            num_warps=split.warps,
             num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
             **constexprs,

@@ -74,6 +74,21 @@ SHARED_SUMS_MIN_BLOCKS = 4
 # 0.389-0.406 against 0.539).
 SPLIT_WIDE_BLOCKS = 4
 SPLIT_WIDE_WARPS = 8
+# A row of SUMS_AHEAD_SPLITS · SUMS_AHEAD_SPLIT_BLOCKS column blocks or more gets at least SUMS_AHEAD_SPLITS splits
+# (not two of four blocks at SPLIT_WIDE_WARPS); where they own at most two blocks each and one partial sum, the
+# backward sums the next row tile's row statistics in the pass that writes this tile's dx (kernels.rms_norm's
+# SUMS_AHEAD): a split's sums are shared a whole row tile before its partners need them, so no split waits on the
+# slowest of four, and the next tile's loads from HBM are in flight beside this one's from L2. H100, 4096 rows, bf16,
+# backward ms, two runs (benchmarks/rows/2026-12-07f): at 65536 columns RMSNorm 0.780-0.792 against two splits of
+# four blocks at 8 warps (the rule before) 0.875-0.879 and four splits without the sums ahead 1.056-1.061; the fused
+# add 0.797-0.811 against 0.892-0.900 and 1.066-1.073. Two splits gain nothing from it (at 32768 columns RMSNorm
+# 0.405 against 0.391, the fused add 0.406 against 0.390); eight lose (two blocks each at 131072 columns: 2.458 and
+# 2.465 against four splits of four blocks at 8 warps, 1.767 and 1.781), and four of four blocks spill with it (2.241
+# against 1.781, the fused add), so wider rows keep the splits of more blocks without it. LayerNorm's two partials
+# and two sums spill with the next tile's (60 bytes a thread at 65536 columns; 1.314 against 1.001), so its backward
+# never sums ahead by the rule.
+SUMS_AHEAD_SPLITS = 4
+SUMS_AHEAD_SPLIT_BLOCKS = 2
 # LayerNorm's backward sums its rows in a kernel of their own where a row is shared by this many splits or more (see
 # separate_row_sums): its column-block kernel then reads only each split's own columns, and the row sums' kernel
 # reads the rows once more from HBM, at the forward's tiling. H100, 4096 rows, bf16, backward ms: at 65536 columns
@@ -117,7 +132,6 @@ class RowTiling:
     programs_per_sm: int = PROGRAMS_PER_SM
     prefetch: bool = False
     num_stages: int = 1
-    sums_ahead: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +156,7 @@ class TilingOverride:
         separate_row_sums: whether LayerNorm's backward sums its rows in a kernel of their own where it walks them
             in column blocks (see :func:`separate_row_sums`).
         sums_ahead: whether the norms' backward, walking column blocks, sums the next row tile's row statistics in
-            the pass that writes this one's dx (``kernels.rms_norm``).
+            the pass that writes this one's dx (see :func:`sums_ahead`).
     """
 
     block_d: int | None = None
@@ -234,7 +248,6 @@ def row_tiling(
         programs_per_sm=programs_per_sm,
         prefetch=prefetch and one_tile,
         num_stages=override.num_stages or 1,
-        sums_ahead=bool(override.sums_ahead) and not one_tile,
     )
 
 
@@ -243,11 +256,14 @@ def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOv
     and sums ``n_partials`` weight gradients over rows: each sums its own columns for the row statistics and shares
     the sums with the others (``liger_jax.kernels._rows.announce_split_sums``), then writes dx and sums the partials
     of its own :func:`split_blocks` only, which must fit MAX_REGISTER_PARTIALS fp32 registers; at least two from
-    SHARED_SUMS_MIN_BLOCKS blocks. 1 for a row of one tile; else the override's count if it sets one."""
+    SHARED_SUMS_MIN_BLOCKS blocks and SUMS_AHEAD_SPLITS from SUMS_AHEAD_SPLITS · SUMS_AHEAD_SPLIT_BLOCKS. 1 for a row
+    of one tile; else the override's count if it sets one."""
     blocks = cdiv(n_cols, block_d)
     if blocks > 1 and override is not None and override.column_splits is not None:
         return override.column_splits
     splits = 2 if blocks >= SHARED_SUMS_MIN_BLOCKS else 1
+    if blocks >= SUMS_AHEAD_SPLITS * SUMS_AHEAD_SPLIT_BLOCKS:
+        splits = SUMS_AHEAD_SPLITS
     while splits < blocks and n_partials * next_power_of_2(cdiv(blocks, splits)) * block_d > MAX_REGISTER_PARTIALS:
         splits *= 2
     return splits
@@ -263,13 +279,44 @@ def split_warps(n_cols: int, block_d: int, splits: int, num_warps: int, override
     return SPLIT_WIDE_WARPS if walks_blocks and cdiv(cdiv(n_cols, block_d), splits) >= SPLIT_WIDE_BLOCKS else num_warps
 
 
+def sums_ahead(n_cols: int, block_d: int, splits: int, n_partials: int, override: TilingOverride | None = None) -> bool:
+    """Whether a backward kernel walking rows of ``n_cols`` in column blocks of ``block_d``, ``splits`` programs a
+    row, summing ``n_partials`` weight gradients, sums the next row tile's row statistics in the pass that writes
+    this tile's dx: where SUMS_AHEAD_SPLITS or more splits own at most SUMS_AHEAD_SPLIT_BLOCKS blocks each and one
+    partial sum (see the constants); the override's choice where it sets one (for rows walked in blocks only)."""
+    if block_d >= n_cols:
+        return False
+    if override is not None and override.sums_ahead is not None:
+        return override.sums_ahead
+    return (
+        n_partials == 1
+        and splits >= SUMS_AHEAD_SPLITS
+        and cdiv(cdiv(n_cols, block_d), splits) <= SUMS_AHEAD_SPLIT_BLOCKS
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitLaunch:
+    """How a backward kernel that sums weight gradients over rows shares each row: ``splits`` programs a row of
+    ``warps`` warps each, summing the next row tile's row statistics ahead or not (``sums_ahead``)."""
+
+    splits: int
+    warps: int
+    sums_ahead: bool
+
+
 def split_launch(
     n_cols: int, tiling: RowTiling, n_partials: int, override: TilingOverride | None = None
-) -> tuple[int, int]:
-    """``(splits, warps)`` of a backward launch that walks rows of ``n_cols`` at ``tiling`` and sums ``n_partials``
-    weight gradients over rows: :func:`column_splits`' count and :func:`split_warps`' warps for it."""
+) -> SplitLaunch:
+    """The :class:`SplitLaunch` of a backward launch that walks rows of ``n_cols`` at ``tiling`` and sums
+    ``n_partials`` weight gradients over rows: :func:`column_splits`' count, :func:`split_warps`' warps for it and
+    :func:`sums_ahead`'s choice."""
     splits = column_splits(n_cols, tiling.block_d, n_partials, override)
-    return splits, split_warps(n_cols, tiling.block_d, splits, tiling.num_warps, override)
+    return SplitLaunch(
+        splits,
+        split_warps(n_cols, tiling.block_d, splits, tiling.num_warps, override),
+        sums_ahead(n_cols, tiling.block_d, splits, n_partials, override),
+    )
 
 
 def separate_row_sums(n_cols: int, override: TilingOverride | None = None) -> bool:
