@@ -24,6 +24,10 @@ FORCED_TILINGS = {
     "column_blocks": _tiling.TilingOverride(block_d=64, column_splits=1),
     "column_splits": _tiling.TilingOverride(block_d=32, column_splits=3),
     "no_prefetch": _tiling.TilingOverride(prefetch=False),
+}
+# The norms' backward (RMSNorm, fused add+RMSNorm, LayerNorm) also sums the next row tile's statistics ahead where it
+# walks column blocks: with one program a row and with three splits, as above.
+NORM_BACKWARD_TILINGS = FORCED_TILINGS | {
     "sums_ahead": _tiling.TilingOverride(block_d=64, column_splits=1, sums_ahead=True),
     "sums_ahead_splits": _tiling.TilingOverride(block_d=32, column_splits=3, sums_ahead=True),
 }

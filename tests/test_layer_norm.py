@@ -109,7 +109,7 @@ def test_checkpoint_gives_the_same_gradients(implementation):
 
 # LayerNorm's own: the backward's row sums from a kernel of their own, for column blocks read by one program a row
 # and split among three (then each split reads only its own columns).
-TILINGS = harness.FORCED_TILINGS | {
+TILINGS = harness.NORM_BACKWARD_TILINGS | {
     "separate_row_sums": _tiling.TilingOverride(block_d=64, separate_row_sums=True),
     "separate_row_sums_split": _tiling.TilingOverride(block_d=32, column_splits=3, separate_row_sums=True),
 }
