@@ -115,6 +115,15 @@ def _row_sums(dy, normed, scale):
 
 
 @triton.jit
+def _load_block(dy_ptr, x_ptr, mean, rstd, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
+    """A column block's dy (as loaded) and n = (x - mean) · rstd in fp32, with its columns, offsets and mask."""
+    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+    return dy, normed, cols, offsets, mask
+
+
+@triton.jit
 def _row_sums_in_column_blocks(
     dy_ptr,
     x_ptr,
@@ -135,9 +144,9 @@ def _row_sums_in_column_blocks(
     sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
     sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
     for block in range(N_BLOCKS):
-        cols, offsets, mask = tile(rows, first_col + block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-        normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
+        dy, normed, cols, _, _ = _load_block(
+            dy_ptr, x_ptr, mean, rstd, rows, first_col + block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D
+        )
         block_g, block_gn = _row_sums(dy, normed, tl.load(scale_ptr + cols, mask=cols < n_cols, other=0.0))
         sum_g += block_g
         sum_gn += block_gn
@@ -317,15 +326,6 @@ def _backward_in_tiles(
             dy, x, mean, rstd = next_dy, next_x, next_mean, next_rstd
     tl.store(dscale_partial_ptr + pid * n_cols + cols, dscale, mask=cols < n_cols)
     tl.store(dbias_partial_ptr + pid * n_cols + cols, dbias, mask=cols < n_cols)
-
-
-@triton.jit
-def _load_block(dy_ptr, x_ptr, mean, rstd, rows, first_col, n_rows, n_cols, row_stride, BLOCK_D: tl.constexpr):
-    """A column block's dy (as loaded) and n = (x - mean) · rstd in fp32, with its columns, offsets and mask."""
-    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-    normed = _normed(tl.load(x_ptr + offsets, mask=mask, other=0.0), mean, rstd, mask)
-    return dy, normed, cols, offsets, mask
 
 
 @triton.jit

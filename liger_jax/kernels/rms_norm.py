@@ -310,6 +310,15 @@ def _backward_in_tiles(
 
 
 @triton.jit
+def _load_gradient_inputs(dy_ptr, x_ptr, scale_ptr, rows, first_col, n_rows, offset, n_cols, row_stride, BLOCK_D):
+    """A column block's dy and x (as loaded), its offsets and mask, and its columns' fp32 scale (with the offset)."""
+    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    return dy, x, offsets, mask, _load_scale(scale_ptr, cols, n_cols, offset)
+
+
+@triton.jit
 def _split_sum_g_normed(
     dy_ptr,
     x_ptr,
@@ -329,10 +338,10 @@ def _split_sum_g_normed(
     # Summed across the warps once, not once a block: no barrier holds a warp back from its next loads.
     gn = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
     for block in range(N_BLOCKS):
-        cols, offsets, mask = tile(rows, first_col + block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-        gn += _g_normed(dy, x, rstd, _load_scale(scale_ptr, cols, n_cols, offset))
+        dy, x, _, _, scale = _load_gradient_inputs(
+            dy_ptr, x_ptr, scale_ptr, rows, first_col + block * BLOCK_D, n_rows, offset, n_cols, row_stride, BLOCK_D
+        )
+        gn += _g_normed(dy, x, rstd, scale)
     return tl.sum(gn, axis=1)
 
 
@@ -384,15 +393,6 @@ def _announce(split_sums_ptr, arrivals_ptr, own, rows, row_tile, split, n_rows, 
     if COLUMN_SPLITS > 1:
         store_split_sum(split_sums_ptr, split, rows, n_rows, own)
         announce_split_sums(arrivals_ptr, row_tile, split)
-
-
-@triton.jit
-def _load_gradient_inputs(dy_ptr, x_ptr, scale_ptr, rows, first_col, n_rows, offset, n_cols, row_stride, BLOCK_D):
-    """A column block's dy and x (as loaded), its offsets and mask, and its columns' fp32 scale (with the offset)."""
-    cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    return dy, x, offsets, mask, _load_scale(scale_ptr, cols, n_cols, offset)
 
 
 @triton.jit
