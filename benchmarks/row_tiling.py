@@ -55,7 +55,7 @@ def _override(**settings) -> TilingOverride:
 
 
 def _label(override: TilingOverride) -> str:
-    """``d4096/r2/w8/s2/t4/l132/pf``: the settings an override forces."""
+    """``d4096/r2/w8/s2/t4/l132/p1/pf``: the settings an override forces."""
     parts = {
         "block_d": "d",
         "block_rows": "r",
@@ -63,6 +63,7 @@ def _label(override: TilingOverride) -> str:
         "num_stages": "s",
         "token_splits": "t",
         "split_lag": "l",
+        "programs_per_sm": "p",
     }
     texts = [f"{short}{getattr(override, name)}" for name, short in parts.items() if getattr(override, name)]
     if override.prefetch is not None:
@@ -89,7 +90,13 @@ def _row_alternatives(n_cols: int, family: str, prefetches: str | None, one_tile
         if prefetches == "forward":  # its prefetch both ways, then only the two widest blocks: at most 8 in all
             return walking + blocks[3:]
         return blocks
-    if family == "heavy":  # the rule gives 8 elements a thread
+    if family == "heavy" and prefetches == "backward":
+        # Modulated RMSNorm's grouped backward prefetches only when forced (``_heavy_rows``). The resident programs
+        # are as many as fit a multiprocessor (ptxas, sm_90, 4096 columns: 84 registers at 16 warps, 99 prefetching,
+        # 165-169 at 8): one, where the grid's two would leave a second wave waiting.
+        chosen = [_override(num_warps=32), _override(block_rows=2, num_warps=16), _override(prefetch=True)]
+        chosen += [_override(num_warps=w, prefetch=p, programs_per_sm=1) for w in (16, 8) for p in (False, True)]
+    elif family == "heavy":  # the rule gives 8 elements a thread
         chosen = [
             _override(num_warps=8),
             _override(num_warps=32),
@@ -106,8 +113,6 @@ def _row_alternatives(n_cols: int, family: str, prefetches: str | None, one_tile
             _override(block_rows=4, num_warps=16),
             _override(block_rows=8, num_warps=32),
         ]
-    if prefetches == "backward":  # heavy rows prefetch only when forced (``_heavy_rows``); at 8 warps without spills
-        chosen += [_override(prefetch=True), _override(num_warps=8, prefetch=True)]
     if prefetches == "forward":
         chosen += [o for o in walking if o.prefetch]
     return chosen
@@ -173,11 +178,12 @@ def tilings(op: str, params: Params) -> Callable[[TilingOverride | None], tuple[
 
 
 def _describe(t: RowTiling, n_cols: int, prefetching: bool) -> str:
-    """``rows x block/wW[/sS][/pf][/loop]``."""
+    """``rows x block/wW[/sS][/pf/pP][/loop]``: P resident programs a multiprocessor where tiles are walked."""
     return (
         f"{t.block_rows}x{t.block_d}/w{t.num_warps}"
         + (f"/s{t.num_stages}" if t.num_stages > 1 else "")
         + ("/pf" if prefetching and t.prefetch else "")
+        + (f"/p{t.programs_per_sm}" if prefetching else "")
         + ("/loop" if t.block_d < n_cols else "")
     )
 

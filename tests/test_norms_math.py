@@ -4,6 +4,8 @@ gradient identities of LayerNorm, and float64 finite differences. In fp32 the ca
 roundings that are exact, so one closed form serves them all. The tests ``tools/mutation.py`` runs first against
 the norm kernels and backward rules."""
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,6 +221,20 @@ def test_wide_rows_are_split_until_each_programs_partial_sums_fit_the_registers(
     assert _tiling.column_splits(n_cols, block_d, n_partials, forced) == (1 if n_cols <= block_d else 3)
     with pytest.raises(ValueError, match="column_splits must be at least 1"):
         _tiling.TilingOverride(column_splits=0)
+
+
+def test_an_override_sets_the_resident_programs_of_kernels_that_walk_row_tiles():
+    # The rule's two programs a multiprocessor for reductions over 4096-column tiles, four below; the override's
+    # count sizes the grid of a reduction over rows (132 multiprocessors: 132 programs of 8 tiles for 1056 tiles).
+    assert _tiling.row_tiling(4096, reduces_rows=True).programs_per_sm == _tiling.WIDE_ROW_PROGRAMS_PER_SM == 2
+    assert _tiling.row_tiling(2048, reduces_rows=True).programs_per_sm == _tiling.PROGRAMS_PER_SM == 4
+    forced = _tiling.row_tiling(4096, reduces_rows=True, override=_tiling.TilingOverride(programs_per_sm=1))
+    assert forced.programs_per_sm == 1
+    with mock.patch.object(_tiling, "multiprocessor_count", return_value=132):
+        assert _tiling.reduction_grid(1056, forced, "triton") == (132, 8)
+        assert _tiling.reduction_grid(1056, _tiling.row_tiling(4096, reduces_rows=True), "triton") == (264, 4)
+    with pytest.raises(ValueError, match="programs_per_sm must be at least 1"):
+        _tiling.TilingOverride(programs_per_sm=0)
 
 
 @pytest.mark.parametrize(

@@ -157,6 +157,8 @@ class TilingOverride:
             in column blocks (see :func:`separate_row_sums`).
         sums_ahead: whether the norms' backward, walking column blocks, sums the next row tile's row statistics in
             the pass that writes this one's dx (see :func:`sums_ahead`).
+        programs_per_sm: resident programs per multiprocessor of a kernel that walks row tiles (see
+            :class:`RowTiling`); any count ≥ 1.
     """
 
     block_d: int | None = None
@@ -169,13 +171,14 @@ class TilingOverride:
     split_lag: int | None = None
     separate_row_sums: bool | None = None
     sums_ahead: bool | None = None
+    programs_per_sm: int | None = None
 
     def __post_init__(self):
         for name in ("block_d", "block_rows"):
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"{name} must be a power of two, got {value}")
-        for name in ("column_splits", "token_splits", "split_lag"):
+        for name in ("column_splits", "token_splits", "split_lag", "programs_per_sm"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -217,7 +220,7 @@ def row_tiling(
     iteration has no load in flight where one program fills a multiprocessor) walks them, the next one prefetched,
     only where an override forces prefetching (not yet timed on a GPU), with programs of MAX_WARPS warps in all
     per multiprocessor. ``override`` (see :func:`overridden`) replaces any of block_d, block_rows, warps,
-    prefetching and stages.
+    prefetching, stages and resident programs per multiprocessor.
     """
     override = override or TilingOverride()
     max_tile_cols = MAX_BACKWARD_TILE_COLS if reduces_rows else MAX_FORWARD_TILE_COLS
@@ -241,6 +244,7 @@ def row_tiling(
         programs_per_sm = max(1, MAX_WARPS // num_warps)
     else:
         programs_per_sm = WIDE_ROW_PROGRAMS_PER_SM if reduces_rows and block_d >= 4096 else PROGRAMS_PER_SM
+    programs_per_sm = override.programs_per_sm or programs_per_sm
     return RowTiling(
         block_rows=block_rows,
         block_d=block_d,
