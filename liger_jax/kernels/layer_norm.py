@@ -36,13 +36,14 @@ from liger_jax.kernels._rows import (
 
 @triton.jit
 def _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Each row's fp32 mean and variance [BLOCK_ROWS], reading the row one column block at a time."""
+    """Each row's fp32 mean and variance [BLOCK_ROWS], reading the row one column block at a time (kept in L2 for
+    the pass that normalises it)."""
     mean = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
     centred_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
     for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
         first_col = block * BLOCK_D
         cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         # Every block before this one is full: `seen` columns are merged already.
         seen = tl.cast(first_col, tl.float32)
         count = tl.cast(tl.minimum(n_cols - first_col, BLOCK_D), tl.float32)
@@ -55,13 +56,16 @@ def _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROW
 
 
 @triton.jit
-def _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols: tl.constexpr):
-    """Stores y for a tile ``x`` [BLOCK_ROWS, BLOCK_D] in fp32 with its rows' fp32 ``mean`` and ``rstd``."""
+def _store_normalized(
+    x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols: tl.constexpr, EVICTION: tl.constexpr = ""
+):
+    """Stores y for a tile ``x`` [BLOCK_ROWS, BLOCK_D] in fp32 with its rows' fp32 ``mean`` and ``rstd``, with the
+    L2 eviction policy EVICTION (``tl.store``'s)."""
     col_mask = cols < n_cols
     scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = (x - mean[:, None]) * rstd[:, None] * scale[None, :] + bias[None, :]
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICTION)
 
 
 @triton.jit
@@ -95,8 +99,9 @@ def layer_norm_fwd(
         for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             first_col = reversed_block(step, n_cols, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
+            # The last read of x, and y written once: first out of L2.
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols, "evict_first")
     tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 

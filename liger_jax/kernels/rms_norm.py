@@ -80,11 +80,12 @@ def _normalized(x, rstd, scale, CASTING: tl.constexpr):
 
 
 @triton.jit
-def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr):
-    """The tile to normalise: x, or with ADD_RESIDUAL x + residual rounded to x.dtype (0 where masked)."""
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr, EVICTION: tl.constexpr = ""):
+    """The tile to normalise: x, or with ADD_RESIDUAL x + residual rounded to x.dtype (0 where masked); loaded with
+    the L2 eviction policy EVICTION (``tl.load``'s)."""
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICTION)
     if ADD_RESIDUAL:
-        residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
+        residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICTION)
         # The fp32 sum of two bf16/fp16 values rounds to the same x.dtype value as the native sum.
         x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
     return x
@@ -138,18 +139,25 @@ def _forward(
         rstd = _rstd(_sum_squares(x), n_cols, eps)
         _store_outputs(x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL)
     else:
+        # The second pass reads the tile it normalises from L2: x, or s (stored by the first pass, half the bytes
+        # of x and the residual). What it reads again is kept in L2 first; what is read or written once, last.
         sum_squares = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for block in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             cols, offsets, mask = tile(rows, block * BLOCK_D, n_rows, n_cols, row_stride, BLOCK_D)
-            sum_squares += _sum_squares(_load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL))
+            if ADD_RESIDUAL:
+                x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL, "evict_first")
+                tl.store(sum_ptr + offsets, x, mask=mask, eviction_policy="evict_last")
+            else:
+                x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL, "evict_last")
+            sum_squares += _sum_squares(x)
         rstd = _rstd(sum_squares, n_cols, eps)
+        normalised_ptr = sum_ptr if ADD_RESIDUAL else x_ptr
         for step in range((n_cols + BLOCK_D - 1) // BLOCK_D):
             first_col = reversed_block(step, n_cols, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
-            x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
-            _store_outputs(
-                x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL
-            )
+            x = tl.load(normalised_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first")
+            y = _normalized(x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), CASTING)
+            tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
