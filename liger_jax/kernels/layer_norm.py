@@ -57,10 +57,10 @@ def _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROW
 
 @triton.jit
 def _store_normalized(
-    x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols: tl.constexpr, EVICTION: tl.constexpr = ""
+    x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols: tl.constexpr, EVICTION: tl.constexpr
 ):
     """Stores y for a tile ``x`` [BLOCK_ROWS, BLOCK_D] in fp32 with its rows' fp32 ``mean`` and ``rstd``, with the
-    L2 eviction policy EVICTION (``tl.store``'s)."""
+    L2 eviction policy EVICTION (``tl.store``'s; "" for none)."""
     col_mask = cols < n_cols
     scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -92,7 +92,7 @@ def layer_norm_fwd(
         # Masked columns would contribute (0 - mean)² to the variance: zero them.
         centred = tl.where(mask, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / n_cols + eps)
-        _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols)
+        _store_normalized(x, mean, rstd, scale_ptr, bias_ptr, y_ptr, cols, offsets, mask, n_cols, "")
     else:
         mean, var = _moments_in_column_blocks(x_ptr, rows, n_rows, n_cols, row_stride, BLOCK_ROWS, BLOCK_D)
         rstd = 1.0 / tl.sqrt(var + eps)

@@ -80,9 +80,9 @@ def _normalized(x, rstd, scale, CASTING: tl.constexpr):
 
 
 @triton.jit
-def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr, EVICTION: tl.constexpr = ""):
+def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr, EVICTION: tl.constexpr):
     """The tile to normalise: x, or with ADD_RESIDUAL x + residual rounded to x.dtype (0 where masked); loaded with
-    the L2 eviction policy EVICTION (``tl.load``'s)."""
+    the L2 eviction policy EVICTION (``tl.load``'s; "" for none)."""
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICTION)
     if ADD_RESIDUAL:
         residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICTION)
@@ -135,7 +135,7 @@ def _forward(
     rows = row_block(tl.program_id(0).to(tl.int64) * BLOCK_ROWS, BLOCK_ROWS)
     if n_cols <= BLOCK_D:
         cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
-        x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL)
+        x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL, "")
         rstd = _rstd(_sum_squares(x), n_cols, eps)
         _store_outputs(x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL)
     else:
