@@ -5,7 +5,8 @@ elements apart. Statistics are always accumulated in fp32. The fused-add kernels
 (rounded to x.dtype) and also store s, reading each input once (Liger's FusedAddRMSNorm).
 
 A row that fits one tile (``n_cols <= BLOCK_D``) is loaded once and kept in registers. A longer row is walked in
-column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² and then normalises block by block; the
+column blocks twice (see ``liger_jax.kernels._rows``): the forward sums x² (the fused add storing s as it goes) and
+then normalises block by block, reading x or s again from L2, where the first pass's cache hints keep it; the
 backward sums g · n over the row (each of a row's splits its own columns, the splits sharing their sums) and then writes
 dx over its split of the columns, adding each block's dscale into the program's partial sums in registers (see
 ``liger_jax.kernels._rows``).
