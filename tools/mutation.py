@@ -363,6 +363,8 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
                     "dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0)",
                     "x = tl.load(x_ptr + offsets, mask=mask, other=0.0)",
                     "rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)",
+                    # The forward's second pass over column blocks: its masked lanes are never stored.
+                    'x = tl.load(normalised_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first")',
                 ],
             ),
             (
@@ -385,7 +387,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         for context in contexts
     },
     # Only the second pass's load of x in the forward: the first pass and a row in one tile sum the masked lanes.
-    (_LAYER_NORM, "x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)", "0.0", "(1.0)"): _MASKED_FILL,
+    (
+        _LAYER_NORM,
+        'x = tl.load(x_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)',
+        "0.0",
+        "(1.0)",
+    ): _MASKED_FILL,
     **{
         (path, context, bound, f"({bound.replace('<', '<=')})"): _ONE_PAST_LOAD
         for path, context, bound in [
