@@ -93,25 +93,23 @@ def _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL: tl.constexpr, 
 
 
 @triton.jit
-def _store_outputs(
+def _store_normalized(
     x,
     rstd,
     scale_ptr,
     y_ptr,
-    sum_ptr,
     cols,
     offsets,
     mask,
     n_cols: tl.constexpr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
-    ADD_RESIDUAL: tl.constexpr,
+    EVICTION: tl.constexpr,
 ):
-    """Stores y for the loaded tile ``x`` with its rows' ``rstd``, and with ADD_RESIDUAL x itself (the sum s)."""
-    if ADD_RESIDUAL:
-        tl.store(sum_ptr + offsets, x, mask=mask)
+    """Stores y for the loaded tile ``x`` with its rows' ``rstd``, with the L2 eviction policy EVICTION
+    (``tl.store``'s; "" for none)."""
     y = _normalized(x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), CASTING)
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICTION)
 
 
 @triton.jit
@@ -138,7 +136,9 @@ def _forward(
         cols, offsets, mask = tile(rows, 0, n_rows, n_cols, row_stride, BLOCK_D)
         x = _load_input(x_ptr, residual_ptr, offsets, mask, ADD_RESIDUAL, "")
         rstd = _rstd(_sum_squares(x), n_cols, eps)
-        _store_outputs(x, rstd, scale_ptr, y_ptr, sum_ptr, cols, offsets, mask, n_cols, offset, CASTING, ADD_RESIDUAL)
+        if ADD_RESIDUAL:
+            tl.store(sum_ptr + offsets, x, mask=mask)
+        _store_normalized(x, rstd, scale_ptr, y_ptr, cols, offsets, mask, n_cols, offset, CASTING, "")
     else:
         # The second pass reads the tile it normalises from L2: x, or s (stored by the first pass, half the bytes
         # of x and the residual). What it reads again is kept in L2 first; what is read or written once, last.
@@ -157,8 +157,7 @@ def _forward(
             first_col = reversed_block(step, n_cols, BLOCK_D)
             cols, offsets, mask = tile(rows, first_col, n_rows, n_cols, row_stride, BLOCK_D)
             x = tl.load(normalised_ptr + offsets, mask=mask, other=0.0, eviction_policy="evict_first")
-            y = _normalized(x, rstd, _load_scale(scale_ptr, cols, n_cols, offset), CASTING)
-            tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+            _store_normalized(x, rstd, scale_ptr, y_ptr, cols, offsets, mask, n_cols, offset, CASTING, "evict_first")
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
