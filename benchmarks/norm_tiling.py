@@ -155,8 +155,9 @@ def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
 
 
 def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
-    """``rows x block_d/wW[/pf][/loop][/splitS][/sums]``: the tiling a forward or backward launch of ``op`` gets
-    (``splitS``: S programs share a row; ``sums``: LayerNorm's row sums in a kernel of their own)."""
+    """``rows x block_d/wW[/pf][/loop][/splitS][/sums][/ahead][/pP]``: the tiling a forward or backward launch of
+    ``op`` gets (``splitS``: S programs share a row; ``sums``: LayerNorm's row sums in a kernel of their own;
+    ``pP``: P resident programs a multiprocessor, where an override sets them)."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
@@ -172,6 +173,7 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
         + (f"/split{splits}" if splits > 1 else "")
         + ("/sums" if sums_apart else "")
         + ("/ahead" if split.sums_ahead and not sums_apart else "")
+        + (f"/p{t.programs_per_sm}" if reduces_rows and override is not None and override.programs_per_sm else "")
     )
 
 
