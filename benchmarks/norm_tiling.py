@@ -157,11 +157,11 @@ def candidates(n_cols: int, grid: Grid, op: str) -> list[Candidate]:
 def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_rows: bool) -> str:
     """``rows x block_d/wW[/pf][/loop][/splitS][/sums][/ahead][/pP]``: the tiling a forward or backward launch of
     ``op`` gets (``splitS``: S programs share a row; ``sums``: LayerNorm's row sums in a kernel of their own;
-    ``pP``: P resident programs a multiprocessor, where an override sets them)."""
+    ``pP``: P resident programs a multiprocessor, where a backward walks column blocks)."""
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
-    split, sums_apart = _tiling.SplitLaunch(1, t.num_warps, False), False
+    split, sums_apart = _tiling.SplitLaunch(1, t.num_warps, False, t.programs_per_sm), False
     if reduces_rows:
         split = _tiling.split_launch(n_cols, t, 2 if op == "layer_norm" else 1, override)
         sums_apart = op == "layer_norm" and _tiling.separate_row_sums(n_cols, override)
@@ -173,7 +173,7 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
         + (f"/split{splits}" if splits > 1 else "")
         + ("/sums" if sums_apart else "")
         + ("/ahead" if split.sums_ahead and not sums_apart else "")
-        + (f"/p{t.programs_per_sm}" if reduces_rows and override is not None and override.programs_per_sm else "")
+        + (f"/p{split.programs_per_sm}" if reduces_rows and t.block_d < n_cols else "")
     )
 
 

@@ -18,8 +18,7 @@ import liger_jax
 from liger_jax import runtime
 from liger_jax.kernels._rows import (
     add_to_block,
-    arrived_splits,
-    has_arrived,
+    arrived_split_sum,
     partial_blocks,
     reversed_block,
     split_blocks,
@@ -238,6 +237,35 @@ def test_an_override_sets_the_resident_programs_of_kernels_that_walk_row_tiles()
 
 
 @pytest.mark.parametrize(
+    ("n_cols", "override", "programs_per_sm"),
+    [(200, _tiling.TilingOverride(block_d=32), 1),
+     (200, _tiling.TilingOverride(block_d=32, sums_ahead=True), _tiling.PROGRAMS_PER_SM),
+     (200, _tiling.TilingOverride(block_d=32, programs_per_sm=3), 3),
+     (48, None, _tiling.PROGRAMS_PER_SM)],
+)  # fmt: skip
+def test_a_backward_walking_column_blocks_launches_one_program_a_multiprocessor(
+    n_cols, override, programs_per_sm, monkeypatch
+):
+    # RMSNorm's backward grid is sized by split_launch's resident programs: one a multiprocessor where rows are walked
+    # in column blocks (seven of 32 here, two splits), the tiling's where a split sums ahead or a row is one tile, the
+    # override's where it sets them.
+    sized_for = []
+    reduction_grid = _tiling.reduction_grid
+
+    def spy(n_rows, tiling, implementation, segments=1):
+        sized_for.append(tiling.programs_per_sm)
+        return reduction_grid(n_rows, tiling, implementation, segments)
+
+    monkeypatch.setattr(_tiling, "reduction_grid", spy)
+    x, scale, dy = _normal(80, (9, n_cols)), _normal(81, (n_cols,)), _normal(82, (9, n_cols))
+    with _tiling.overridden(override or _tiling.TilingOverride()):
+        _, vjp = jax.vjp(lambda x: liger_jax.rms_norm(x, scale, implementation=harness.KERNEL_IMPLEMENTATION), x)
+        jax.block_until_ready(vjp(dy))
+    assert sized_for == [programs_per_sm]
+    assert _tiling.COLUMN_BLOCK_PROGRAMS_PER_SM == 1
+
+
+@pytest.mark.parametrize(
     ("n_cols", "splits", "override", "warps"),
     [(65536, 2, None, 8), (131072, 4, None, 8), (32768, 2, None, 16), (65536, 4, None, 16), (16384, 1, None, 16),
      (65536, 2, _tiling.TilingOverride(num_warps=4), 4)],
@@ -268,9 +296,15 @@ def test_four_splits_of_two_blocks_sum_the_next_row_tile_ahead(n_cols, splits, n
 def test_the_rule_launches_rows_of_eight_blocks_in_four_splits_of_sixteen_warps_summing_ahead():
     tiling = _tiling.row_tiling(65536, reduces_rows=True)
     assert (tiling.block_d, tiling.num_warps) == (8192, 16)
-    assert _tiling.split_launch(65536, tiling, 1) == _tiling.SplitLaunch(splits=4, warps=16, sums_ahead=True)
-    assert _tiling.split_launch(131072, tiling, 1) == _tiling.SplitLaunch(splits=4, warps=8, sums_ahead=False)
-    assert _tiling.split_launch(65536, tiling, 2) == _tiling.SplitLaunch(splits=4, warps=16, sums_ahead=False)
+    assert _tiling.split_launch(65536, tiling, 1) == _tiling.SplitLaunch(
+        splits=4, warps=16, sums_ahead=True, programs_per_sm=2
+    )
+    assert _tiling.split_launch(131072, tiling, 1) == _tiling.SplitLaunch(
+        splits=4, warps=8, sums_ahead=False, programs_per_sm=1
+    )
+    assert _tiling.split_launch(65536, tiling, 2) == _tiling.SplitLaunch(
+        splits=4, warps=16, sums_ahead=False, programs_per_sm=1
+    )
 
 
 @triton.jit
@@ -342,10 +376,17 @@ def test_rows_split_among_programs_match_the_closed_forms(op, n_cols):
         _assert_close(value, closed)
 
 
+def _slots(sums: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """[splits, rows, 2] int32 slots as ``kernels._rows.store_split_sum`` writes them: the mark (1 where ``marked``)
+    in the low word, the fp32 sum's bits in the high one."""
+    bits = np.asarray(sums, np.float32).view(np.int32)
+    return np.stack([np.asarray(marked, np.int32), np.where(marked, bits, 0)], axis=-1)
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_the_splits_of_a_row_share_their_own_columns_sums(op, monkeypatch):
     # Three splits of a 200-column row in blocks of 32 (96, 96 and 8 columns), two programs a split (111 rows: two
-    # row tiles of 64): every row tile's arrivals name all three, and each split stored the sums of exactly its own
+    # row tiles of 64): every split marked its slot of every row, and each stored the sums of exactly its own
     # columns (float64 closed forms), so no split needed another's columns.
     monkeypatch.setattr(_tiling, "INTERPRETER_PROGRAMS", 6)
     backward_results = []
@@ -374,53 +415,78 @@ def test_the_splits_of_a_row_share_their_own_columns_sums(op, monkeypatch):
             g = dys * np.asarray(scale, np.float64)
             terms = [g, g * centred / np.sqrt(np.mean(centred**2, axis=-1, keepdims=True) + EPSILON)]
     (results,) = backward_results
-    *split_sums, arrivals = results[-len(terms) - 1 :]
     assert _tiling.row_tiling(200, reduces_rows=True, override=override).block_rows == 64
-    np.testing.assert_array_equal(arrivals, [0b111, 0b111])
-    for stored, term in zip(split_sums, terms, strict=True):
+    for slots, term in zip(results[-len(terms) :], terms, strict=True):
+        slots = np.asarray(slots)
+        assert slots.shape == (3, 111, 2)
+        np.testing.assert_array_equal(slots[..., 0], 1)
         expected = np.stack([term[:, s * own : (s + 1) * own].sum(axis=-1) for s in range(3)])
-        _assert_close(stored, expected)
+        _assert_close(slots[..., 1].view(np.float32), expected)
 
 
 @triton.jit
-def _poll_arrivals(arrivals_ptr, polled_ptr, arrived_ptr, TILE: tl.constexpr, COLUMN_SPLITS: tl.constexpr):
-    """Stores what ``arrived_splits`` sees of row tile TILE; ``arrived_ptr`` is ``arrivals_ptr`` again, returned."""
-    tl.store(polled_ptr, arrived_splits(arrivals_ptr, TILE, COLUMN_SPLITS))
+def _poll_slots(slots_ptr, paired_ptr, n_rows, arrived_ptr, sums_ptr, after_ptr, PAIRED: tl.constexpr):
+    """Polls each of three splits' slots of rows 0-3 (of ``n_rows``), with the paired slots where PAIRED; stores
+    whether each arrived [3] and its sums [3, 4] (the paired ones [3, 4] after them); ``after_ptr`` is ``slots_ptr``
+    again, returned."""
+    rows = tl.arange(0, 4).to(tl.int64)
+    for split in tl.static_range(3):
+        if PAIRED:
+            arrived, sums, paired = arrived_split_sum(slots_ptr, paired_ptr, split, rows, n_rows)
+        else:
+            arrived, sums, paired = arrived_split_sum(slots_ptr, None, split, rows, n_rows)
+        tl.store(arrived_ptr + split, arrived.to(tl.int32))
+        tl.store(sums_ptr + split * 4 + rows, sums)
+        tl.store(sums_ptr + 12 + split * 4 + rows, paired)
 
 
-@pytest.mark.parametrize("arrived", [0b101, 0b111, 0])
-def test_polling_reads_which_splits_arrived_and_writes_nothing(arrived):
-    # Splits 0 and 2 of three arrived on tile 1 (or all, or none): polling returns that mask and leaves every tile's
-    # arrivals as they were (a poll that set a bit would tell another split that sums not yet stored had arrived).
-    arrivals = jnp.asarray([0b010, arrived, 0b001], jnp.int32)
-    polled, after = runtime.launch(
-        _poll_arrivals,
-        arrivals,
-        out_shape=[jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((3,), jnp.int32)],
+@pytest.mark.parametrize(
+    "unmarked, paired_unmarked, arrived",
+    [
+        ([(1, 1)], None, [1, 0, 1]),  # split 1's row 1 not yet stored
+        ([(1, 0)], None, [1, 0, 1]),  # split 0's row past n_rows is no slot of its own: split 1's row 0 follows it
+        ([(0, 0), (1, 1), (1, 2)], None, [0, 0, 1]),
+        ([], None, [1, 1, 1]),
+        ([], [(2, 2)], [1, 1, 0]),  # a split arrives where both of its sums do
+        ([(0, 0)], [(1, 2)], [0, 0, 1]),
+    ],
+)
+def test_polling_reads_the_marked_slots_and_writes_nothing(unmarked, paired_unmarked, arrived):
+    # Three splits' slots of three rows, each polled over a tile of four rows (the fourth past n_rows): a split has
+    # arrived where every row of its slots is marked (in both sums, where paired), its sums come back bit for bit
+    # (the paired ones as the first where none are paired), and the slots are left as they were (a poll that wrote
+    # would mark sums not yet stored).
+    sums = np.asarray(_normal(90, (3, 3)))
+    marked = np.ones((3, 3), bool)
+    for split, row in unmarked:
+        marked[split, row] = False
+    slots = _slots(sums, marked)
+    paired_slots = np.zeros((1, 1, 2), np.int32)
+    if paired_unmarked is not None:
+        paired_marked = np.ones((3, 3), bool)
+        for split, row in paired_unmarked:
+            paired_marked[split, row] = False
+        paired_slots = _slots(-sums, paired_marked)
+    seen, polled, after = runtime.launch(
+        _poll_slots,
+        jnp.asarray(slots),
+        jnp.asarray(paired_slots),
+        3,
+        out_shape=[
+            jax.ShapeDtypeStruct((3,), jnp.int32),
+            jax.ShapeDtypeStruct((2, 3, 4), jnp.float32),
+            jax.ShapeDtypeStruct(slots.shape, jnp.int32),
+        ],
         grid=(1,),
         implementation=harness.KERNEL_IMPLEMENTATION,
-        input_output_aliases={0: 1},
-        TILE=1,
-        COLUMN_SPLITS=3,
+        input_output_aliases={0: 2},
+        PAIRED=paired_unmarked is not None,
     )
-    assert int(polled) == arrived
-    np.testing.assert_array_equal(after, [0b010, arrived, 0b001])
-
-
-@triton.jit
-def _arrivals_seen(out_ptr, ARRIVED: tl.constexpr):
-    """Stores has_arrived(ARRIVED, s) for splits 0-3."""
-    splits = tl.arange(0, 4)
-    tl.store(out_ptr + splits, has_arrived(tl.full((4,), ARRIVED, tl.int32), splits).to(tl.int32))
-
-
-@pytest.mark.parametrize("arrived", [0b0000, 0b0101, 0b1010, 0b0110, 0b1111])
-def test_a_split_has_arrived_exactly_where_its_bit_is_set(arrived):
-    seen = runtime.launch(
-        _arrivals_seen,
-        out_shape=jax.ShapeDtypeStruct((4,), jnp.int32),
-        grid=(1,),
-        implementation=harness.KERNEL_IMPLEMENTATION,
-        ARRIVED=arrived,
-    )
-    np.testing.assert_array_equal(seen, [(arrived >> split) & 1 for split in range(4)])
+    np.testing.assert_array_equal(seen, arrived)
+    polled = np.asarray(polled)
+    for split in range(3):
+        if arrived[split]:
+            np.testing.assert_array_equal(polled[0, split, :3], sums[split])
+            paired = sums[split] if paired_unmarked is None else -sums[split]
+            np.testing.assert_array_equal(polled[1, split, :3], paired)
+    np.testing.assert_array_equal(after, slots)

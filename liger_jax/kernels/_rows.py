@@ -9,13 +9,13 @@ value into a tensor, and ``range`` of a tensor fails there.)
 A kernel that sums over rows (a weight's gradient) gives each program fp32 partial sums [n_cols]. The norms' backward
 kernels keep them in registers, as [blocks, BLOCK_D], also for rows walked in column blocks: there COLUMN_SPLITS
 programs share each row (neighbours in launch order: :func:`program_and_split`), each sums its own :func:`split_blocks`
-for the row statistics, stores the sums and reads the other splits' (:func:`announce_split_sums`,
-:func:`arrived_splits`), then writes dx and sums the partials of its own blocks only (read again from L1 or L2), so its
-partials stay within the registers (``liger_jax.ops._tiling.column_splits`` picks the count). A split whose partner's
-sums have not arrived after SPLIT_SUMS_POLLS polls sums the partner's columns itself with the same code, so the value
-is the same bit for bit and no program waits on one that is not running (the interpreter runs one at a time). DyT's
-backward, which needs no row statistic, adds each row tile's sums to its row of partials in memory instead
-(:func:`add_to_partial`).
+for the row statistics, stores the sums and reads the other splits' (:func:`store_split_sum`,
+:func:`arrived_split_sum`: each sum and its mark in one 64-bit word, one round trip to L2 a poll), then writes dx and
+sums the partials of its own blocks only (read again from L1 or L2), so its partials stay within the registers
+(``liger_jax.ops._tiling.column_splits`` picks the count). A split whose partner's sums have not arrived after
+SPLIT_SUMS_POLLS polls sums the partner's columns itself with the same code, so the value is the same bit for bit and
+no program waits on one that is not running (the interpreter runs one at a time). DyT's backward, which needs no row
+statistic, adds each row tile's sums to its row of partials in memory instead (:func:`add_to_partial`).
 
 ``n_cols`` and ``row_stride`` are constexprs in every row kernel: jax-triton passes int scalars without Triton's
 divisibility-by-16 specialisation, and a runtime row stride or column bound leaves Triton unable to prove that a
@@ -148,44 +148,60 @@ SPLIT_SUMS_POLLS = tl.constexpr(64)
 
 
 @triton.jit
+def _slots(split_sums_ptr):
+    """``split_sums`` [COLUMN_SPLITS, n_rows] as 64-bit slots (the launch passes them as int32 pairs, zeroed)."""
+    return split_sums_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+
+
+@triton.jit
 def store_split_sum(split_sums_ptr, split, rows, n_rows, value):
-    """Stores a split's row sums ``value`` [BLOCK_ROWS] fp32 of ``rows`` into ``split_sums`` [COLUMN_SPLITS,
-    n_rows] at row ``split``."""
-    tl.store(split_sums_ptr + split * n_rows + rows, value, mask=rows < n_rows)
+    """Stores a split's row sums ``value`` [BLOCK_ROWS] fp32 of ``rows`` into its row ``split`` of ``split_sums``
+    [COLUMN_SPLITS, n_rows] 64-bit slots, zeroed by the launch: each slot holds the sum's bits above a mark (1) in
+    one 64-bit store, so a split that reads the mark reads the sum, with no fence and no flag apart."""
+    bits = value.to(tl.int32, bitcast=True).to(tl.int64)
+    tl.store(_slots(split_sums_ptr) + split * n_rows + rows, (bits << 32) | 1, mask=rows < n_rows)
 
 
 @triton.jit
-def load_split_sum(split_sums_ptr, split, rows, n_rows):
-    """Another split's row sums [BLOCK_ROWS] fp32 of ``rows`` (see :func:`store_split_sum`), read past L1 (.cg): a line
-    read earlier on this multiprocessor may be stale."""
-    return tl.load(split_sums_ptr + split * n_rows + rows, mask=rows < n_rows, other=0.0, cache_modifier=".cg")
+def _poll_split_sum(split_sums_ptr, split, rows, n_rows):
+    """``split``'s slots [BLOCK_ROWS] int64 of ``rows`` as they stand in L2 (an atomic read: never a stale line of L1
+    nor a load hoisted out of the polling loop); the rows past ``n_rows`` read as marked zeros."""
+    inside = rows < n_rows
+    addresses = _slots(split_sums_ptr) + split * n_rows + rows
+    polled = tl.atomic_or(addresses, tl.zeros(addresses.shape, tl.int64), mask=inside, sem="relaxed", scope="gpu")
+    return tl.where(inside, polled, 1)
 
 
 @triton.jit
-def announce_split_sums(arrivals_ptr, tile_index, split):
-    """Marks ``split``'s row sums of row tile ``tile_index`` stored (bit ``split`` of the tile's arrivals), after
-    every thread of the program has stored its share."""
-    tl.debug_barrier()
-    tl.atomic_or(arrivals_ptr + tile_index, 1 << split, sem="release", scope="gpu")
+def _unmarked(polled):
+    """How many of the slots ``polled`` are not yet marked."""
+    return tl.sum(1 - (polled & 1))
 
 
 @triton.jit
-def arrived_splits(arrivals_ptr, tile_index, COLUMN_SPLITS: tl.constexpr):
-    """The bit mask of the splits whose row sums of row tile ``tile_index`` are stored, polled until all
-    COLUMN_SPLITS have arrived or SPLIT_SUMS_POLLS polls have passed."""
-    everyone = (1 << COLUMN_SPLITS) - 1
-    arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
+def _split_sum(polled):
+    """The fp32 sums [BLOCK_ROWS] of the marked slots ``polled``."""
+    return (polled >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def arrived_split_sum(split_sums_ptr, paired_sums_ptr, split, rows, n_rows):
+    """``(arrived, sums, paired sums)``: ``split``'s row sums [BLOCK_ROWS] fp32 of ``rows`` from ``split_sums`` and
+    ``paired_sums`` (a second sum of the same splits, polled in the same round trips; None for none, which returns
+    the first sums twice), polled until every row's slot is marked in both (see :func:`store_split_sum`) or
+    SPLIT_SUMS_POLLS polls have passed; ``arrived`` (a scalar) says which."""
+    polled = _poll_split_sum(split_sums_ptr, split, rows, n_rows)
+    paired = polled
+    if paired_sums_ptr is not None:
+        paired = _poll_split_sum(paired_sums_ptr, split, rows, n_rows)
     polls = 0
-    while (arrived != everyone) & (polls < SPLIT_SUMS_POLLS):
-        arrived = tl.atomic_or(arrivals_ptr + tile_index, 0, sem="acquire", scope="gpu")
+    while (_unmarked(polled) + _unmarked(paired) > 0) & (polls < SPLIT_SUMS_POLLS):
+        polled = _poll_split_sum(split_sums_ptr, split, rows, n_rows)
+        paired = polled
+        if paired_sums_ptr is not None:
+            paired = _poll_split_sum(paired_sums_ptr, split, rows, n_rows)
         polls += 1
-    return arrived
-
-
-@triton.jit
-def has_arrived(arrived, split):
-    """Whether ``split``'s sums are among ``arrived`` (a mask from :func:`arrived_splits`)."""
-    return ((arrived >> split) & 1) == 1
+    return _unmarked(polled) + _unmarked(paired) == 0, _split_sum(polled), _split_sum(paired)
 
 
 @triton.jit

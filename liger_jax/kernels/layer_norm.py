@@ -15,10 +15,7 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    announce_split_sums,
-    arrived_splits,
-    has_arrived,
-    load_split_sum,
+    arrived_split_sum,
     load_tile_again,
     load_weights_again,
     next_row_tile,
@@ -167,11 +164,9 @@ def _with_other_splits(
     scale_ptr,
     split_g_ptr,
     split_gn_ptr,
-    arrivals_ptr,
     mean,
     rstd,
     rows,
-    row_tile,
     split,
     n_rows,
     COLUMN_SPLITS: tl.constexpr,
@@ -180,22 +175,19 @@ def _with_other_splits(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g and Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``) from this split's sums
-    over its own columns, already announced: the other splits' come from theirs, or, where one has not arrived, from
-    their columns summed here the same way (the same values)."""
+    """Σ g and Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` from this split's sums over its own columns,
+    already announced: the other splits' come from theirs, or, where one has not arrived, from their columns summed
+    here the same way (the same values)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     sum_g, sum_gn = own_g, own_gn
     if COLUMN_SPLITS > 1:
-        arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
         sum_g = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         sum_gn = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for other in tl.static_range(COLUMN_SPLITS):
             part_g, part_gn = own_g, own_gn
             if other != split:
-                if has_arrived(arrived, other):
-                    part_g = load_split_sum(split_g_ptr, other, rows, n_rows)
-                    part_gn = load_split_sum(split_gn_ptr, other, rows, n_rows)
-                else:
+                arrived, part_g, part_gn = arrived_split_sum(split_g_ptr, split_gn_ptr, other, rows, n_rows)
+                if not arrived:
                     part_g, part_gn = _row_sums_in_column_blocks(
                         dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, other * OWN_BLOCKS * BLOCK_D, n_rows,
                         OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
@@ -206,15 +198,11 @@ def _with_other_splits(
 
 
 @triton.jit
-def _announce(
-    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, row_tile, split, n_rows, COLUMN_SPLITS: tl.constexpr
-):
-    """Shares this split's sums ``own_g``, ``own_gn`` [BLOCK_ROWS] of row tile ``row_tile`` with the row's other
-    splits."""
+def _announce(split_g_ptr, split_gn_ptr, own_g, own_gn, rows, split, n_rows, COLUMN_SPLITS: tl.constexpr):
+    """Shares this split's sums ``own_g``, ``own_gn`` [BLOCK_ROWS] of ``rows`` with the row's other splits."""
     if COLUMN_SPLITS > 1:
         store_split_sum(split_g_ptr, split, rows, n_rows, own_g)
         store_split_sum(split_gn_ptr, split, rows, n_rows, own_gn)
-        announce_split_sums(arrivals_ptr, row_tile, split)
 
 
 @triton.jit
@@ -348,7 +336,6 @@ def _backward_in_column_blocks(
     dbias_partial_ptr,
     split_g_ptr,
     split_gn_ptr,
-    arrivals_ptr,
     TILES_PER_PROGRAM: tl.constexpr,
     COLUMN_SPLITS: tl.constexpr,
     SUMS_GIVEN: tl.constexpr,
@@ -377,9 +364,7 @@ def _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split_first_col, n_rows,
             OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
-        _announce(
-            split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, first_tile, split, n_rows, COLUMN_SPLITS
-        )
+        _announce(split_g_ptr, split_gn_ptr, own_g, own_gn, rows, split, n_rows, COLUMN_SPLITS)
     for tile_index in range(TILES_PER_PROGRAM):
         row_tile = first_tile + tile_index
         rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
@@ -393,13 +378,10 @@ def _backward_in_column_blocks(
                     dy_ptr, x_ptr, scale_ptr, mean, rstd, rows, split_first_col, n_rows,
                     OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
                 )  # fmt: skip
-                _announce(
-                    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, rows, row_tile, split, n_rows,
-                    COLUMN_SPLITS,
-                )  # fmt: skip
+                _announce(split_g_ptr, split_gn_ptr, own_g, own_gn, rows, split, n_rows, COLUMN_SPLITS)
             sum_g, sum_gn = _with_other_splits(
-                own_g, own_gn, dy_ptr, x_ptr, scale_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, mean, rstd, rows,
-                row_tile, split, n_rows, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
+                own_g, own_gn, dy_ptr, x_ptr, scale_ptr, split_g_ptr, split_gn_ptr, mean, rstd, rows, split,
+                n_rows, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
             )  # fmt: skip
         if AHEAD:
             has_next, next_rows, next_n_rows = next_row_tile(
@@ -428,10 +410,7 @@ def _backward_in_column_blocks(
             dbias = add_to_block(dbias, first_col - split_first_col, tl.sum(dy_f32, axis=0), BLOCK_D)
         if AHEAD:
             if has_next:
-                _announce(
-                    split_g_ptr, split_gn_ptr, arrivals_ptr, own_g, own_gn, next_rows, row_tile + 1, split, n_rows,
-                    COLUMN_SPLITS,
-                )  # fmt: skip
+                _announce(split_g_ptr, split_gn_ptr, own_g, own_gn, next_rows, split, n_rows, COLUMN_SPLITS)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
     store_blocks(dbias_partial_ptr + pid * n_cols, dbias, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
@@ -449,9 +428,8 @@ def layer_norm_bwd(
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
     dbias_partial_ptr,  # [num_programs, n_cols] fp32
-    split_g_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g over its columns
-    split_gn_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
+    split_g_ptr,  # [COLUMN_SPLITS, n_rows, 2] int32, zeroed: each split's Σ g over its columns, marked
+    split_gn_ptr,  # [COLUMN_SPLITS, n_rows, 2] int32, zeroed: each split's Σ g · n over its columns, marked
     SUMS_GIVEN: tl.constexpr,
     PREFETCH: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
@@ -478,6 +456,6 @@ def layer_norm_bwd(
     else:
         _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, mean_ptr, rstd_ptr, sum_g_ptr, sum_gn_ptr, n_rows, dx_ptr, dscale_partial_ptr,
-            dbias_partial_ptr, split_g_ptr, split_gn_ptr, arrivals_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN,
+            dbias_partial_ptr, split_g_ptr, split_gn_ptr, TILES_PER_PROGRAM, COLUMN_SPLITS, SUMS_GIVEN,
             SUMS_AHEAD, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip

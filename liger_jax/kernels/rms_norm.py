@@ -17,10 +17,7 @@ import triton.language as tl
 
 from liger_jax.kernels._rows import (
     add_to_block,
-    announce_split_sums,
-    arrived_splits,
-    has_arrived,
-    load_split_sum,
+    arrived_split_sum,
     load_tile_again,
     load_weights_again,
     next_row_tile,
@@ -360,10 +357,8 @@ def _with_other_splits(
     x_ptr,
     scale_ptr,
     split_sums_ptr,
-    arrivals_ptr,
     rstd,
     rows,
-    row_tile,
     split,
     n_rows,
     offset: tl.constexpr,
@@ -373,20 +368,18 @@ def _with_other_splits(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` (row tile ``row_tile``) from this split's sums over its
-    own columns, ``own``, already announced: the other splits' come from theirs, or, where one has not arrived, from
-    their columns summed here the same way (the same value; see ``_rows``)."""
+    """Σ g · n [BLOCK_ROWS] fp32 over the whole of ``rows`` from this split's sums over its own columns, ``own``,
+    already announced: the other splits' come from theirs, or, where one has not arrived, from their columns summed
+    here the same way (the same value; see ``_rows``)."""
     OWN_BLOCKS: tl.constexpr = split_blocks(n_cols, BLOCK_D, COLUMN_SPLITS)
     total = own
     if COLUMN_SPLITS > 1:
-        arrived = arrived_splits(arrivals_ptr, row_tile, COLUMN_SPLITS)
         total = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for other in tl.static_range(COLUMN_SPLITS):
             part = own
             if other != split:
-                if has_arrived(arrived, other):
-                    part = load_split_sum(split_sums_ptr, other, rows, n_rows)
-                else:
+                arrived, part, _ = arrived_split_sum(split_sums_ptr, None, other, rows, n_rows)
+                if not arrived:
                     part = _split_sum_g_normed(
                         dy_ptr, x_ptr, scale_ptr, rstd, rows, other * OWN_BLOCKS * BLOCK_D, n_rows,
                         offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
@@ -396,11 +389,10 @@ def _with_other_splits(
 
 
 @triton.jit
-def _announce(split_sums_ptr, arrivals_ptr, own, rows, row_tile, split, n_rows, COLUMN_SPLITS: tl.constexpr):
-    """Shares this split's sums ``own`` [BLOCK_ROWS] of row tile ``row_tile`` with the row's other splits."""
+def _announce(split_sums_ptr, own, rows, split, n_rows, COLUMN_SPLITS: tl.constexpr):
+    """Shares this split's sums ``own`` [BLOCK_ROWS] of ``rows`` with the row's other splits."""
     if COLUMN_SPLITS > 1:
         store_split_sum(split_sums_ptr, split, rows, n_rows, own)
-        announce_split_sums(arrivals_ptr, row_tile, split)
 
 
 @triton.jit
@@ -414,7 +406,6 @@ def _backward_in_column_blocks(
     dx_ptr,
     dscale_partial_ptr,
     split_sums_ptr,
-    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -443,7 +434,7 @@ def _backward_in_column_blocks(
             dy_ptr, x_ptr, scale_ptr, rstd, rows, split_first_col, n_rows,
             offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
-        _announce(split_sums_ptr, arrivals_ptr, own, rows, first_tile, split, n_rows, COLUMN_SPLITS)
+        _announce(split_sums_ptr, own, rows, split, n_rows, COLUMN_SPLITS)
     for tile_index in range(TILES_PER_PROGRAM):
         row_tile = first_tile + tile_index
         rows = row_block(row_tile * BLOCK_ROWS, BLOCK_ROWS)
@@ -453,9 +444,9 @@ def _backward_in_column_blocks(
                 dy_ptr, x_ptr, scale_ptr, rstd, rows, split_first_col, n_rows,
                 offset, OWN_BLOCKS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
             )  # fmt: skip
-            _announce(split_sums_ptr, arrivals_ptr, own, rows, row_tile, split, n_rows, COLUMN_SPLITS)
+            _announce(split_sums_ptr, own, rows, split, n_rows, COLUMN_SPLITS)
         sum_gn = _with_other_splits(
-            own, dy_ptr, x_ptr, scale_ptr, split_sums_ptr, arrivals_ptr, rstd, rows, row_tile, split, n_rows,
+            own, dy_ptr, x_ptr, scale_ptr, split_sums_ptr, rstd, rows, split, n_rows,
             offset, COLUMN_SPLITS, n_cols, row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
         mean_gn = sum_gn / n_cols
@@ -481,7 +472,7 @@ def _backward_in_column_blocks(
         if SUMS_AHEAD:
             own = tl.sum(next_gn, axis=1)
             if has_next:
-                _announce(split_sums_ptr, arrivals_ptr, own, next_rows, row_tile + 1, split, n_rows, COLUMN_SPLITS)
+                _announce(split_sums_ptr, own, next_rows, split, n_rows, COLUMN_SPLITS)
     store_blocks(dscale_partial_ptr + pid * n_cols, dscale, split_first_col, n_cols, OWN_BLOCKS, BLOCK_D)
 
 
@@ -496,7 +487,6 @@ def _backward(
     dx_ptr,
     dscale_partial_ptr,
     split_sums_ptr,
-    arrivals_ptr,
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     ADD_COTANGENT: tl.constexpr,
@@ -523,7 +513,7 @@ def _backward(
     else:
         _backward_in_column_blocks(
             dy_ptr, dsum_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
-            arrivals_ptr, offset, CASTING, ADD_COTANGENT, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+            offset, CASTING, ADD_COTANGENT, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
             row_stride, BLOCK_ROWS, BLOCK_D,
         )  # fmt: skip
 
@@ -537,8 +527,7 @@ def rms_norm_bwd(
     n_rows,
     dx_ptr,  # [n_rows, n_cols] x.dtype
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
-    split_sums_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
+    split_sums_ptr,  # [COLUMN_SPLITS, n_rows, 2] int32, zeroed: each split's Σ g · n over its columns, marked
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -554,7 +543,7 @@ def rms_norm_bwd(
     # dy_ptr stands in for the cotangent of the sum, which ADD_COTANGENT=False never reads.
     _backward(
         dy_ptr, dy_ptr, x_ptr, scale_ptr, rstd_ptr, n_rows, dx_ptr, dscale_partial_ptr, split_sums_ptr,
-        arrivals_ptr, offset, CASTING, False, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        offset, CASTING, False, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
         row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip
 
@@ -569,8 +558,7 @@ def fused_add_rms_norm_bwd(
     n_rows,
     ds_ptr,  # [n_rows, n_cols] x.dtype, the cotangent of x and of residual
     dscale_partial_ptr,  # [num_programs, n_cols] fp32
-    split_sums_ptr,  # [COLUMN_SPLITS, n_rows] fp32: each split's Σ g · n over its columns
-    arrivals_ptr,  # [num_programs · TILES_PER_PROGRAM] int32, zeroed: each row tile's splits whose sums are stored
+    split_sums_ptr,  # [COLUMN_SPLITS, n_rows, 2] int32, zeroed: each split's Σ g · n over its columns, marked
     offset: tl.constexpr,
     CASTING: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -588,6 +576,6 @@ def fused_add_rms_norm_bwd(
     """
     _backward(
         dy_ptr, dsum_ptr, sum_ptr, scale_ptr, rstd_ptr, n_rows, ds_ptr, dscale_partial_ptr, split_sums_ptr,
-        arrivals_ptr, offset, CASTING, True, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
+        offset, CASTING, True, PREFETCH, SUMS_AHEAD, TILES_PER_PROGRAM, COLUMN_SPLITS, n_cols,
         row_stride, BLOCK_ROWS, BLOCK_D,
     )  # fmt: skip

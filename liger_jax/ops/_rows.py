@@ -68,10 +68,10 @@ def row_launcher(
         shared_sums: for a kernel that takes COLUMN_SPLITS (after TILES_PER_PROGRAM) and shares each row walked in
             column blocks among that many programs, on the grid ``(COLUMN_SPLITS, programs)`` (see
             ``_tiling.column_splits`` and ``liger_jax.kernels._rows.program_and_split``): how many fp32 sums per row
-            the splits share. The kernel then takes, after the outputs' pointers, one ``[COLUMN_SPLITS, n_rows]``
-            fp32 buffer per sum and one ``[row tiles]`` int32 of arrivals, zeroed (see
-            ``liger_jax.kernels._rows.announce_split_sums``): scratch the launch drops (one element each where no
-            row is split). 0: the kernel splits no row.
+            the splits share. The kernel then takes, after the outputs' pointers, one zeroed ``[COLUMN_SPLITS,
+            n_rows, 2]`` int32 buffer per sum, each (split, row) a 64-bit slot for the sum and its mark (see
+            ``liger_jax.kernels._rows.store_split_sum``): scratch the launch drops (one slot each where no row is
+            split). 0: the kernel splits no row.
         walks_tiles: whether a kernel without a ColumnSum output takes PREFETCH and TILES_PER_PROGRAM: where
             ``_tiling.row_tiling`` prefetches for it, resident programs walk the row tiles, else one tile a program.
         **constexprs: the kernel's own constexpr settings (epsilon, casting codes, ...).
@@ -115,10 +115,11 @@ def _row_launcher(
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
-        split = _tiling.SplitLaunch(1, tiling.num_warps, False)
+        split = _tiling.SplitLaunch(1, tiling.num_warps, False, tiling.programs_per_sm)
         if shared_sums:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             split = _tiling.split_launch(n_cols, tiling, n_sums, override)
+            tiling = dataclasses.replace(tiling, programs_per_sm=split.programs_per_sm)
         splits = split.splits
         if reduces_rows or (walks_tiles and tiling.prefetch):
             programs, tiles_per_program = _tiling.reduction_grid(n_rows, tiling, implementation, splits)
@@ -134,7 +135,7 @@ def _row_launcher(
             _as_rows(operand, len(shape), n_rows, n_cols) if i in row_argnums else operand
             for i, operand in enumerate(operands)
         ]
-        scratch = _shared_sums_scratch(shared_sums, splits, n_rows, programs * tiles_per_program)
+        scratch = _shared_sums_scratch(shared_sums, splits, n_rows)
         results = runtime.launch(
             kernel,
             *flat,
@@ -142,7 +143,7 @@ def _row_launcher(
             out_shape=[_launch_shape(spec, operands, n_rows, n_cols, programs) for spec in outputs] + scratch,
             grid=(splits, programs) if shared_sums else (programs,),
             implementation=implementation,
-            zeroed_outputs=(len(outputs) + shared_sums,) if shared_sums and splits > 1 else (),
+            zeroed_outputs=tuple(range(len(outputs), len(outputs) + shared_sums)) if splits > 1 else (),
             num_warps=split.warps,
             num_stages=tiling.num_stages,
             input_output_aliases=dict(aliases),
@@ -165,16 +166,12 @@ def _row_launcher(
     return vmap_over_rows(sharded, row_argnums=row_argnums, reduces_rows=reduces_rows)
 
 
-def _shared_sums_scratch(shared_sums: int, splits: int, n_rows: int, row_tiles: int) -> list[jax.ShapeDtypeStruct]:
+def _shared_sums_scratch(shared_sums: int, splits: int, n_rows: int) -> list[jax.ShapeDtypeStruct]:
     """The buffers a kernel whose column splits share ``shared_sums`` row sums takes after its outputs: each sum's
-    ``[splits, n_rows]`` fp32 and the row tiles' int32 arrivals (to be zeroed); one element each where a row is not
+    ``[splits, n_rows, 2]`` int32 (to be zeroed), a 64-bit slot per split and row; one slot each where a row is not
     split (the kernel never reads them, and nothing is zeroed)."""
-    if not shared_sums:
-        return []
-    if splits == 1:
-        return [jax.ShapeDtypeStruct((1,), jnp.float32)] * shared_sums + [jax.ShapeDtypeStruct((1,), jnp.int32)]
-    sums = [jax.ShapeDtypeStruct((splits, n_rows), jnp.float32)] * shared_sums
-    return [*sums, jax.ShapeDtypeStruct((row_tiles,), jnp.int32)]
+    shape = (splits, n_rows, 2) if splits > 1 else (1, 1, 2)
+    return [jax.ShapeDtypeStruct(shape, jnp.int32)] * shared_sums
 
 
 def _sharding_rule(outputs: tuple[Output, ...], row_argnums: tuple[int, ...], *operands) -> str:

@@ -61,7 +61,7 @@ MAX_WARPS = 32
 # no spills; one split more, 100 and 89. Twice the sums a program spill 504-3068 bytes a thread.
 MAX_REGISTER_PARTIALS = 32768
 # The splits of a row share their row sums: each sums its own columns, stores them and reads the others'
-# (liger_jax.kernels._rows.announce_split_sums), so no split reads another's columns. Rows of this many column blocks
+# (liger_jax.kernels._rows.store_split_sum), so no split reads another's columns. Rows of this many column blocks
 # or more get at least two splits, whose programs each hold half the row's partial sums. H100, 4096 rows, bf16,
 # backward ms against each split reading the whole row for the sums (one run with both): fused add+RMSNorm at 32768
 # columns 0.457-0.470 (one program a row) → 0.389-0.406 (two splits), at 65536 1.03-1.08 → 0.89-0.92 (two splits of
@@ -99,6 +99,14 @@ SEPARATE_ROW_SUMS_MIN_SPLITS = 4
 # few enough that the [num_programs, D] fp32 partials stay a small fraction of the traffic.
 PROGRAMS_PER_SM = 4
 WIDE_ROW_PROGRAMS_PER_SM = 2
+# A backward that walks column blocks fills a multiprocessor with one program (ptxas, sm_90: 122-128 registers a
+# thread at 16 warps, 250-255 at 8), so the grid launches one a multiprocessor, one wave, rather than
+# WIDE_ROW_PROGRAMS_PER_SM's two waves (half the partial sums, too); except where it sums ahead, whose two waves ran
+# faster. H100, 4096 rows, bf16, backward ms, two programs a multiprocessor → one (benchmarks/rows/2026-12-07h, with
+# the 64-bit split-sum slots): RMSNorm 0.346 → 0.336 at 32768 columns, 1.724 → 1.683 at 131072; LayerNorm 0.484 →
+# 0.459 at 32768, 0.954 → 0.931 at 65536 (row sums apart), 1.882 → 1.856 at 131072; the fused add 0.341 → 0.335 at
+# 32768, 1.740 → 1.712 at 131072; summing ahead at 65536, RMSNorm 0.760 both, the fused add 0.833 → 0.843.
+COLUMN_BLOCK_PROGRAMS_PER_SM = 1
 # The interpreter runs programs one after another; a handful exercises the partial-sum path without the wait.
 INTERPRETER_PROGRAMS = 3
 
@@ -258,7 +266,7 @@ def row_tiling(
 def column_splits(n_cols: int, block_d: int, n_partials: int, override: TilingOverride | None = None) -> int:
     """How many programs share each row of ``n_cols`` in a backward kernel that walks column blocks of ``block_d``
     and sums ``n_partials`` weight gradients over rows: each sums its own columns for the row statistics and shares
-    the sums with the others (``liger_jax.kernels._rows.announce_split_sums``), then writes dx and sums the partials
+    the sums with the others (``liger_jax.kernels._rows.store_split_sum``), then writes dx and sums the partials
     of its own :func:`split_blocks` only, which must fit MAX_REGISTER_PARTIALS fp32 registers; at least two from
     SHARED_SUMS_MIN_BLOCKS blocks and SUMS_AHEAD_SPLITS from SUMS_AHEAD_SPLITS · SUMS_AHEAD_SPLIT_BLOCKS. 1 for a row
     of one tile; else the override's count if it sets one."""
@@ -302,24 +310,30 @@ def sums_ahead(n_cols: int, block_d: int, splits: int, n_partials: int, override
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
     """How a backward kernel that sums weight gradients over rows shares each row: ``splits`` programs a row of
-    ``warps`` warps each, summing the next row tile's row statistics ahead or not (``sums_ahead``)."""
+    ``warps`` warps each, summing the next row tile's row statistics ahead or not (``sums_ahead``), with
+    ``programs_per_sm`` resident programs a multiprocessor."""
 
     splits: int
     warps: int
     sums_ahead: bool
+    programs_per_sm: int
 
 
 def split_launch(
     n_cols: int, tiling: RowTiling, n_partials: int, override: TilingOverride | None = None
 ) -> SplitLaunch:
     """The :class:`SplitLaunch` of a backward launch that walks rows of ``n_cols`` at ``tiling`` and sums
-    ``n_partials`` weight gradients over rows: :func:`column_splits`' count, :func:`split_warps`' warps for it and
-    :func:`sums_ahead`'s choice."""
+    ``n_partials`` weight gradients over rows: :func:`column_splits`' count, :func:`split_warps`' warps for it,
+    :func:`sums_ahead`'s choice, and COLUMN_BLOCK_PROGRAMS_PER_SM resident programs where the rows are walked in
+    column blocks and not summed ahead (else the tiling's, and the override's where it sets them)."""
     splits = column_splits(n_cols, tiling.block_d, n_partials, override)
+    ahead = sums_ahead(n_cols, tiling.block_d, splits, n_partials, override)
+    programs_per_sm = tiling.programs_per_sm
+    forced = override is not None and override.programs_per_sm is not None
+    if tiling.block_d < n_cols and not ahead and not forced:
+        programs_per_sm = COLUMN_BLOCK_PROGRAMS_PER_SM
     return SplitLaunch(
-        splits,
-        split_warps(n_cols, tiling.block_d, splits, tiling.num_warps, override),
-        sums_ahead(n_cols, tiling.block_d, splits, n_partials, override),
+        splits, split_warps(n_cols, tiling.block_d, splits, tiling.num_warps, override), ahead, programs_per_sm
     )
 
 
