@@ -241,14 +241,15 @@ def test_an_override_sets_the_resident_programs_of_kernels_that_walk_row_tiles()
     [(200, _tiling.TilingOverride(block_d=32), 1),
      (200, _tiling.TilingOverride(block_d=32, sums_ahead=True), _tiling.PROGRAMS_PER_SM),
      (200, _tiling.TilingOverride(block_d=32, programs_per_sm=3), 3),
-     (48, None, _tiling.PROGRAMS_PER_SM)],
+     (48, None, _tiling.PROGRAMS_PER_SM),
+     (64, None, _tiling.PROGRAMS_PER_SM)],
 )  # fmt: skip
 def test_a_backward_walking_column_blocks_launches_one_program_a_multiprocessor(
     n_cols, override, programs_per_sm, monkeypatch
 ):
     # RMSNorm's backward grid is sized by split_launch's resident programs: one a multiprocessor where rows are walked
-    # in column blocks (seven of 32 here, two splits), the tiling's where a split sums ahead or a row is one tile, the
-    # override's where it sets them.
+    # in column blocks (seven of 32 here, two splits), the tiling's where a split sums ahead or a row is one tile (one
+    # exactly filling it too), the override's where it sets them.
     sized_for = []
     reduction_grid = _tiling.reduction_grid
 

@@ -185,6 +185,9 @@ _CE = "liger_jax/kernels/cross_entropy.py"
 _CE_ROWS = "liger_jax/ops/_cross_entropy_rows.py"
 _RMS_NORM = "liger_jax/kernels/rms_norm.py"
 _LAYER_NORM = "liger_jax/kernels/layer_norm.py"
+_ROWS = "liger_jax/kernels/_rows.py"
+_UNMARKED = "_unmarked(polled) + _unmarked(paired)"
+_SPLIT_SUMS_POLL = f"while ({_UNMARKED} > 0) & (polls < SPLIT_SUMS_POLLS):"
 _ONE_PAST_LOAD = (
     "a load's mask one element wider reads one element past the operand (the interpreter does not fault), for a "
     "column or row masked wherever it is used"
@@ -988,6 +991,34 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ("liger_jax/ops/embedding.py", "first_of_its_id = jnp.diff(sorted_ids, prepend=-1) != 0", "1", "(2)"): (
         "-2 is no id either (the ids are in [0, V] by then): the first sorted id still starts a slot"
     ),
+    (_ROWS, "return split_sums_ptr.to(tl.pointer_type(tl.int64), bitcast=True)", "True", "(False)"): (
+        "Triton casts a pointer to another pointer type as a bitcast either way"
+    ),
+    # How long a split polls for a partner's row sums: the interpreter runs the splits one after another, so a
+    # partner has stored its sums before the poll or stores them after it, whatever the count; on a GPU a split that
+    # stops early sums the partner's columns itself, the same value.
+    **{
+        (_ROWS, context, original, replacement): "how long a split polls: the same sums, read or recomputed"
+        for context, original, replacement in [
+            ("polls = 0", "0", "(1)"),
+            ("polls += 1", "1", "(2)"),
+            (_SPLIT_SUMS_POLL, f"{_UNMARKED} > 0", f"({_UNMARKED} >= 0)"),
+            (_SPLIT_SUMS_POLL, _UNMARKED, "(_unmarked(polled) - _unmarked(paired))"),
+            (_SPLIT_SUMS_POLL, _UNMARKED, "(_unmarked(polled))"),
+            (_SPLIT_SUMS_POLL, _UNMARKED, "(_unmarked(paired))"),
+            (_SPLIT_SUMS_POLL, "0", "(1)"),
+            (_SPLIT_SUMS_POLL, "polls < SPLIT_SUMS_POLLS", "(polls <= SPLIT_SUMS_POLLS)"),
+        ]
+    },
+    # The exchange at one split (its own sums are the row's), the announcement skipped at two (the partner sums this
+    # split's columns itself, the same value).
+    **{
+        (path, "if COLUMN_SPLITS > 1:", original, replacement): (
+            "a split's own sums are the row's at one split; a partner that finds none sums the columns itself"
+        )
+        for path in (_RMS_NORM, _LAYER_NORM)
+        for original, replacement in (("COLUMN_SPLITS > 1", "(COLUMN_SPLITS >= 1)"), ("1", "(2)"))
+    },
 }
 
 
