@@ -161,7 +161,7 @@ def _describe(op: str, n_cols: int, override: TilingOverride | None, reduces_row
     from liger_jax.ops import _tiling
 
     t = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, override=override)
-    split, sums_apart = _tiling.SplitLaunch(1, t.num_warps, False, t.programs_per_sm), False
+    split, sums_apart = _tiling.SplitLaunch.unsplit(t), False
     if reduces_rows:
         split = _tiling.split_launch(n_cols, t, 2 if op == "layer_norm" else 1, override)
         sums_apart = op == "layer_norm" and _tiling.separate_row_sums(n_cols, override)

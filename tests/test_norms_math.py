@@ -377,11 +377,14 @@ def test_rows_split_among_programs_match_the_closed_forms(op, n_cols):
         _assert_close(value, closed)
 
 
-def _slots(sums: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """[splits, rows, 2] int32 slots as ``kernels._rows.store_split_sum`` writes them: the mark (1 where ``marked``)
-    in the low word, the fp32 sum's bits in the high one."""
+def _slots(sums: np.ndarray, unmarked: list[tuple[int, int]]) -> np.ndarray:
+    """[splits, rows, 2] int32 slots as ``kernels._rows.store_split_sum`` writes them (the mark 1 in the low word,
+    the fp32 sum's bits in the high one), but for the ``(split, row)`` slots in ``unmarked``, left zero."""
+    marked = np.ones(sums.shape, bool)
+    for split, row in unmarked:
+        marked[split, row] = False
     bits = np.asarray(sums, np.float32).view(np.int32)
-    return np.stack([np.asarray(marked, np.int32), np.where(marked, bits, 0)], axis=-1)
+    return np.stack([marked.astype(np.int32), np.where(marked, bits, 0)], axis=-1)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -458,16 +461,8 @@ def test_polling_reads_the_marked_slots_and_writes_nothing(unmarked, paired_unma
     # (the paired ones as the first where none are paired), and the slots are left as they were (a poll that wrote
     # would mark sums not yet stored).
     sums = np.asarray(_normal(90, (3, 3)))
-    marked = np.ones((3, 3), bool)
-    for split, row in unmarked:
-        marked[split, row] = False
-    slots = _slots(sums, marked)
-    paired_slots = np.zeros((1, 1, 2), np.int32)
-    if paired_unmarked is not None:
-        paired_marked = np.ones((3, 3), bool)
-        for split, row in paired_unmarked:
-            paired_marked[split, row] = False
-        paired_slots = _slots(-sums, paired_marked)
+    slots = _slots(sums, unmarked)
+    paired_slots = np.zeros((1, 1, 2), np.int32) if paired_unmarked is None else _slots(-sums, paired_unmarked)
     seen, polled, after = runtime.launch(
         _poll_slots,
         jnp.asarray(slots),

@@ -185,21 +185,26 @@ def _split_sum(polled):
 
 
 @triton.jit
+def _poll_paired_split_sums(split_sums_ptr, paired_sums_ptr, split, rows, n_rows):
+    """``split``'s slots of ``rows`` in ``split_sums`` and in ``paired_sums`` (see :func:`_poll_split_sum`), both
+    polls in flight together; the first slots twice where ``paired_sums_ptr`` is None."""
+    polled = _poll_split_sum(split_sums_ptr, split, rows, n_rows)
+    paired = polled
+    if paired_sums_ptr is not None:
+        paired = _poll_split_sum(paired_sums_ptr, split, rows, n_rows)
+    return polled, paired
+
+
+@triton.jit
 def arrived_split_sum(split_sums_ptr, paired_sums_ptr, split, rows, n_rows):
     """``(arrived, sums, paired sums)``: ``split``'s row sums [BLOCK_ROWS] fp32 of ``rows`` from ``split_sums`` and
     ``paired_sums`` (a second sum of the same splits, polled in the same round trips; None for none, which returns
     the first sums twice), polled until every row's slot is marked in both (see :func:`store_split_sum`) or
     SPLIT_SUMS_POLLS polls have passed; ``arrived`` (a scalar) says which."""
-    polled = _poll_split_sum(split_sums_ptr, split, rows, n_rows)
-    paired = polled
-    if paired_sums_ptr is not None:
-        paired = _poll_split_sum(paired_sums_ptr, split, rows, n_rows)
+    polled, paired = _poll_paired_split_sums(split_sums_ptr, paired_sums_ptr, split, rows, n_rows)
     polls = 0
     while (_unmarked(polled) + _unmarked(paired) > 0) & (polls < SPLIT_SUMS_POLLS):
-        polled = _poll_split_sum(split_sums_ptr, split, rows, n_rows)
-        paired = polled
-        if paired_sums_ptr is not None:
-            paired = _poll_split_sum(paired_sums_ptr, split, rows, n_rows)
+        polled, paired = _poll_paired_split_sums(split_sums_ptr, paired_sums_ptr, split, rows, n_rows)
         polls += 1
     return _unmarked(polled) + _unmarked(paired) == 0, _split_sum(polled), _split_sum(paired)
 

@@ -115,7 +115,7 @@ def _row_launcher(
         shape = operands[0].shape
         n_cols, n_rows = shape[-1], math.prod(shape[:-1])
         tiling = _tiling.row_tiling(n_cols, reduces_rows=reduces_rows, walks_tiles=walks_tiles, override=override)
-        split = _tiling.SplitLaunch(1, tiling.num_warps, False, tiling.programs_per_sm)
+        split = _tiling.SplitLaunch.unsplit(tiling)
         if shared_sums:
             n_sums = sum(isinstance(spec, ColumnSum) for spec in outputs)
             split = _tiling.split_launch(n_cols, tiling, n_sums, override)

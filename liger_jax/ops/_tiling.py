@@ -318,6 +318,11 @@ class SplitLaunch:
     sums_ahead: bool
     programs_per_sm: int
 
+    @classmethod
+    def unsplit(cls, tiling: RowTiling) -> "SplitLaunch":
+        """A launch of ``tiling`` that shares no row: one split at its warps and resident programs."""
+        return cls(1, tiling.num_warps, False, tiling.programs_per_sm)
+
 
 def split_launch(
     n_cols: int, tiling: RowTiling, n_partials: int, override: TilingOverride | None = None
